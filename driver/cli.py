@@ -1,0 +1,58 @@
+"""Command line: parse arguments, build the Config, hand over to the package.
+
+    dra-driver discover [-o table|yaml|json]   what this node would publish, no cluster
+    dra-driver run                             the kubelet plugin
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from driver import __version__, logs, report, slices
+from driver.config import ConfigError, Config, add_arguments, build
+from driver.devices.discovery import discover, log_result
+from driver.node import open_node
+
+EXIT_USAGE = 2
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="dra-driver", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"dra-driver {__version__}")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    disc = commands.add_parser("discover", help="print the devices this node would publish")
+    disc.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    add_arguments(disc)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        config = build(args)
+    except ConfigError as err:
+        print(f"dra-driver: configuration error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log_format, config.log_level)
+    if args.command == "discover":
+        return run_discover(config, args.output)
+    raise AssertionError(args.command)
+
+
+def run_discover(config: Config, output: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="dra-mock-") as scratch:
+        node = open_node(config, Path(scratch) / "mock")
+        result = discover(node.sources(config))
+    log_result(result, logs.get("discovery"))
+    if output == "table":
+        sys.stdout.write(report.table(result.inventory, result.excluded))
+        return 0
+    pool = slices.PoolIdentity(config.driver_name, config.node_name)
+    objects = slices.build(result.inventory, pool, generation=1)
+    sys.stdout.write(report.as_json(objects) if output == "json" else report.as_yaml(objects))
+    return 0

@@ -1,0 +1,234 @@
+"""The driver's configuration: flags > environment > defaults, validated once, frozen.
+
+Every option has a flag and an environment variable (the Helm chart sets the latter). An
+invalid value stops start-up with one message naming the option, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from driver import names
+from driver.devices.mock import Profile, ProfileError
+from driver.devices.mock import load as load_profile
+from driver.devices.net import NicFilter, NicSelector
+
+DEFAULT_DRIVER = "accel.dra.io"
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
+
+
+class ConfigError(ValueError):
+    """Bad configuration: the message names the flag / variable and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flag: str
+    env: str
+    default: Any
+    help: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("node_name", "--node-name", "NODE_NAME", None,
+           "Kubernetes node name; pool and slices are named after it (default: hostname)"),
+    Option("driver_name", "--driver-name", "DRIVER_NAME", DEFAULT_DRIVER,
+           "DRA driver name (DNS subdomain); DeviceClasses select on it"),
+    Option("kubelet_registrar_dir", "--kubelet-registrar-dir", "KUBELET_REGISTRAR_DIR",
+           "/var/lib/kubelet/plugins_registry", "directory the kubelet watches for plugins"),
+    Option("kubelet_plugins_dir", "--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR",
+           "/var/lib/kubelet/plugins", "directory for the DRA service socket"),
+    Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", "where CDI specs are written"),
+    Option("state_dir", "--state-dir", "STATE_DIR", None,
+           "checkpoint and lock directory (default: <kubelet-plugins-dir>/<driver-name>)"),
+    Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", None, "what stands for /sys (default /sys)"),
+    Option("dev_root", "--dev-root", "DEV_ROOT", None, "what stands for /dev (default /dev)"),
+    Option("proc_root", "--proc-root", "PROC_ROOT", None, "what stands for /proc (default /proc)"),
+    Option("mock", "--mock", "MOCK_PROFILE", None,
+           "mock devices: a built-in profile name or a profile YAML file"),
+    Option("kubeconfig", "--kubeconfig", "KUBECONFIG", None,
+           "kubeconfig file (default: in-cluster service account)"),
+    Option("metrics_port", "--metrics-port", "METRICS_PORT", "9400",
+           "Prometheus metrics port, 0 disables"),
+    Option("healthz_port", "--healthz-port", "HEALTHZ_PORT", "9401",
+           "liveness/readiness HTTP port, 0 disables"),
+    Option("log_format", "--log-format", "LOG_FORMAT", "auto",
+           "json, console, or auto (console on a terminal, JSON otherwise)"),
+    Option("log_level", "--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
+    Option("nic_include", "--nic-include", "NIC_INCLUDE", "",
+           "comma-separated NIC selectors to publish (NAME-GLOB, vendor=0xVVVV, pci=GLOB); "
+           "empty: all physical NICs"),
+    Option("nic_exclude", "--nic-exclude", "NIC_EXCLUDE", "",
+           "comma-separated NIC selectors never to publish"),
+    Option("nic_allow_default_route", "--nic-allow-default-route", "NIC_ALLOW_DEFAULT_ROUTE",
+           "false", "also publish the NIC that carries the default route (true/false)"),
+    Option("pod_uid", "--pod-uid", "POD_UID", None,
+           "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    node_name: str
+    driver_name: str
+    kubelet_registrar_dir: Path
+    kubelet_plugins_dir: Path
+    cdi_root: Path
+    state_dir: Path
+    sysfs_root: Path
+    dev_root: Path
+    proc_root: Path
+    mock: Profile | None
+    kubeconfig: Path | None
+    metrics_port: int
+    healthz_port: int
+    log_format: str
+    log_level: str
+    nic_filter: NicFilter = field(default_factory=NicFilter)
+    pod_uid: str | None = None
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_plugins_dir / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        name = f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock"
+        return self.plugin_dir / name
+
+    @property
+    def registration_socket(self) -> Path:
+        name = f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver_name}-reg.sock"
+        return self.kubelet_registrar_dir / name
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for option in OPTIONS:
+        parser.add_argument(option.flag, dest=option.dest, default=None,
+                            help=f"{option.help} [env {option.env}]")
+
+
+def _raw(args: argparse.Namespace, env: Mapping[str, str], option: Option) -> tuple[Any, str]:
+    """The value and where it came from, for error messages."""
+    value = getattr(args, option.dest, None)
+    if value is not None:
+        return value, option.flag
+    if env.get(option.env, "") != "":
+        return env[option.env], f"${option.env}"
+    return option.default, f"{option.flag} default"
+
+
+def _absolute(value: str, source: str) -> Path:
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError(f"{source}: {value!r} must be an absolute path")
+    return path
+
+
+def _port(value: str, source: str) -> int:
+    try:
+        port = int(value)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {value!r} is not a port number") from err
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{source}: {port} is not a port number (0-65535)")
+    return port
+
+
+def _bool(value: str, source: str) -> bool:
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{source}: {value!r} is not true or false")
+
+
+def _selectors(value: str, source: str) -> tuple[NicSelector, ...]:
+    try:
+        return tuple(NicSelector.parse(p) for p in value.split(",") if p.strip())
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from err
+
+
+def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for option in OPTIONS:
+        raw[option.dest], source[option.dest] = _raw(args, env, option)
+
+    def get(dest: str, convert: Callable[[Any, str], Any] = lambda v, s: v) -> Any:
+        return convert(raw[dest], source[dest]) if raw[dest] is not None else None
+
+    driver = raw["driver_name"]
+    if not (names.is_dns_subdomain(driver) and len(driver) <= names.DNS_LABEL_MAX):
+        raise ConfigError(
+            f"{source['driver_name']}: driver name {driver!r} must be a lower-case DNS "
+            "subdomain of at most 63 characters, e.g. accel.example.com"
+        )
+    node = raw["node_name"] or socket.gethostname().lower()
+    if not names.is_dns_subdomain(node):
+        raise ConfigError(f"{source['node_name']}: node name {node!r} is not a DNS subdomain")
+
+    mock = None
+    if raw["mock"]:
+        try:
+            mock = load_profile(raw["mock"])
+        except ProfileError as err:
+            raise ConfigError(f"{source['mock']}: {err}") from err
+        for dest in ("sysfs_root", "dev_root", "proc_root"):
+            if raw[dest] is not None:
+                raise ConfigError(
+                    f"{source[dest]}: mock mode generates its own sysfs, dev and proc trees; "
+                    f"do not combine it with --mock"
+                )
+
+    plugins_dir = get("kubelet_plugins_dir", _absolute)
+    state_dir = get("state_dir", _absolute) or plugins_dir / driver
+    log_format = raw["log_format"]
+    if log_format not in ("auto", "json", "console"):
+        raise ConfigError(f"{source['log_format']}: {log_format!r} is not auto, json or console")
+    log_level = str(raw["log_level"]).lower()
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{source['log_level']}: {log_level!r} is not debug, info, warning or error")
+    pod_uid = raw["pod_uid"]
+    if pod_uid is not None and not names.is_dns_label(pod_uid.lower()):
+        raise ConfigError(f"{source['pod_uid']}: {pod_uid!r} is not a pod UID")
+
+    config = Config(
+        node_name=node,
+        driver_name=driver,
+        kubelet_registrar_dir=get("kubelet_registrar_dir", _absolute),
+        kubelet_plugins_dir=plugins_dir,
+        cdi_root=get("cdi_root", _absolute),
+        state_dir=state_dir,
+        sysfs_root=get("sysfs_root", _absolute) or Path("/sys"),
+        dev_root=get("dev_root", _absolute) or Path("/dev"),
+        proc_root=get("proc_root", _absolute) or Path("/proc"),
+        mock=mock,
+        kubeconfig=get("kubeconfig", _absolute),
+        metrics_port=get("metrics_port", _port),
+        healthz_port=get("healthz_port", _port),
+        log_format=log_format,
+        log_level=log_level,
+        nic_filter=NicFilter(
+            include=get("nic_include", _selectors),
+            exclude=get("nic_exclude", _selectors),
+            exclude_default_route=not get("nic_allow_default_route", _bool),
+        ),
+        pod_uid=pod_uid.lower() if pod_uid else None,
+    )
+    for label, path in (("registration socket", config.registration_socket),
+                        ("DRA socket", config.dra_socket)):
+        if len(os.fsencode(str(path))) > UNIX_PATH_MAX:
+            raise ConfigError(
+                f"{label} path {path} is longer than {UNIX_PATH_MAX} bytes, the unix socket limit"
+            )
+    return config

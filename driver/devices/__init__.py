@@ -1,0 +1,1 @@
+"""Device discovery: what accelerators this node has, in vendor-neutral terms."""

@@ -1,0 +1,84 @@
+"""One call that turns a node (real or mock) into an Inventory, logging what it skipped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from driver.devices import pci
+from driver.devices.fpga import AlveoDiscovery, DflDiscovery
+from driver.devices.model import Device, Inventory
+from driver.devices.net import NicDiscovery, NicFilter
+from driver.devices.nvml import NvmlDiscovery
+from driver.devices.problems import DeviceError, Problems
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where discovery looks. Mock mode points every path into its generated tree."""
+
+    sysfs: Path
+    proc: Path
+    nvml: Any | None  # the pynvml module or the mock's fake; None: no NVML binding
+    nic_filter: NicFilter = NicFilter()
+
+
+@dataclass(frozen=True)
+class DiscoveryResult:
+    inventory: Inventory
+    problems: Problems
+    excluded: tuple[tuple[str, str], ...]
+    nvml_unavailable: str | None  # None: NVML answered (possibly with zero GPUs)
+
+
+def discover(sources: Sources) -> DiscoveryResult:
+    problems = Problems()
+    devices: list[Device] = []
+    nvml_unavailable = "the nvidia-ml-py package is not installed"
+    if sources.nvml is not None:
+        gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc)
+        devices += gpus.discover(problems)
+        nvml_unavailable = gpus.unavailable
+
+    functions = []
+    for bdf in pci.list_functions(sources.sysfs):
+        try:
+            functions.append(pci.read_function(sources.sysfs, bdf))
+        except DeviceError as err:
+            # Only fatal for a device we would have published; Alveo grouping below works
+            # on what could be read, and NIC/DFL discovery report their own devices.
+            problems.note(bdf, str(err))
+    devices += AlveoDiscovery(sources.sysfs).discover(functions, problems)
+    devices += DflDiscovery(sources.sysfs).discover(problems)
+    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter)
+    devices += nics.discover(problems)
+    return DiscoveryResult(
+        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable
+    )
+
+
+def log_result(
+    result: DiscoveryResult,
+    log: structlog.typing.FilteringBoundLogger,
+    previous: DiscoveryResult | None = None,
+) -> None:
+    """Log what discovery found; with `previous`, only what changed since, so that periodic
+    rediscovery does not repeat the same warning every minute."""
+    seen = set(previous.problems) if previous else set()
+    if result.nvml_unavailable and not (previous and previous.nvml_unavailable):
+        log.info("nvml_unavailable", reason=result.nvml_unavailable)
+    for problem in result.problems:
+        if problem in seen:
+            continue
+        event = "device_skipped" if problem.skipped else "device_degraded"
+        log.warning(event, device=problem.device, reason=problem.message)
+    for ifname, reason in result.excluded:
+        if not (previous and (ifname, reason) in previous.excluded):
+            log.info("nic_excluded", interface=ifname, reason=reason)
+    counts: dict[str, int] = {}
+    for device in result.inventory.devices:
+        counts[device.kind.value] = counts.get(device.kind.value, 0) + 1
+    log.info("discovery_done", devices=len(result.inventory.devices), **counts)

@@ -1,0 +1,281 @@
+"""Writes the fake /sys, /dev and /proc trees a mock profile describes.
+
+The layout copies the kernel's: devices under /sys/devices/pci<dom>:<bus>/<root port>/<bdf>,
+/sys/bus/pci/devices and /sys/class/* as relative symlinks into it, netdevs under
+<bdf>/net/, SR-IOV virtfnN/physfn links, RDMA under <bdf>/infiniband and
+/sys/class/infiniband_verbs, DFL regions under <bdf>/fpga_region. Discovery reads it exactly
+as it reads a real node.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driver.devices.mock import catalog
+from driver.devices.mock.fakenvml import FakeGpu, FakeMig, FakeNvml
+from driver.devices.mock.profile import AlveoSpec, DflSpec, GpuSpec, NicSpec, Profile
+
+_UUID_NS = uuid.UUID("6f1f6c2e-3c55-4c1e-9a59-0c0d1d7b4a10")
+# Mock device nodes are character devices with /dev/null's numbers where the process may
+# create them (root), so that a real container runtime can inject them; plain files else.
+_NULL_DEV = (1, 3)
+
+
+@dataclass
+class MockNode:
+    root: Path
+    sysfs: Path
+    dev: Path
+    proc: Path
+    nvml: FakeNvml
+    interfaces: list[str] = field(default_factory=list)
+
+
+def build(profile: Profile, root: Path) -> MockNode:
+    """(Re)create the trees under `root`; anything there before is replaced."""
+    root = root.absolute()
+    if root.exists():
+        shutil.rmtree(root)
+    writer = _Writer(root)
+    writer.write_profile(profile)
+    nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
+    return MockNode(root, writer.sys, writer.dev, writer.proc, nvml, writer.interfaces)
+
+
+def _ifname(domain: str, bus: int) -> str:
+    """systemd's predictable name for function 0 of a slot: enp23s0f0, enP1p23s0f0."""
+    prefix = "enp" if int(domain, 16) == 0 else f"enP{int(domain, 16)}p"
+    return f"{prefix}{bus}s0f0"
+
+
+class _Writer:
+    def __init__(self, root: Path) -> None:
+        self.sys = root / "sys"
+        self.dev = root / "dev"
+        self.proc = root / "proc"
+        self.gpus: list[FakeGpu] = []
+        self.interfaces: list[str] = []
+        self._mknod_ok = True
+        self._uverbs = 0
+        self._ibdev: dict[str, int] = {}
+        self._render = 128
+        self._xclmgmt = 0
+        self._dfl_region = 0
+        self._dfl_fme = 0
+        self._dfl_port = 0
+        self._cap_minor = 3
+
+    # -- primitives ------------------------------------------------------------------------
+    def file(self, path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text if text.endswith("\n") else text + "\n")
+
+    def link(self, link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(target, link.parent), link)
+
+    def node(self, path: str) -> None:
+        """A device node under the dev tree; `path` is the container path (/dev/...)."""
+        target = self.dev / path.removeprefix("/dev/")
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if self._mknod_ok:
+            try:
+                os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(*_NULL_DEV))
+                return
+            except (PermissionError, OSError):
+                self._mknod_ok = False
+        target.touch()
+
+    def pci_function(
+        self, parent: Path, bdf: str, vendor: int, device: int, cls: int,
+        driver: str | None, numa: int | None,
+    ) -> Path:
+        path = parent / bdf
+        self.file(path / "vendor", f"0x{vendor:04x}")
+        self.file(path / "device", f"0x{device:04x}")
+        self.file(path / "subsystem_vendor", f"0x{vendor:04x}")
+        self.file(path / "subsystem_device", "0x0000")
+        self.file(path / "class", f"0x{cls:06x}")
+        self.file(path / "numa_node", str(-1 if numa is None else numa))
+        self.link(self.sys / "bus" / "pci" / "devices" / bdf, path)
+        if driver:
+            drv = self.sys / "bus" / "pci" / "drivers" / driver
+            drv.mkdir(parents=True, exist_ok=True)
+            self.link(path / "driver", drv)
+        return path
+
+    # -- layout -----------------------------------------------------------------------------
+    def write_profile(self, profile: Profile) -> None:
+        self.file(self.proc / "sys" / "kernel" / "random" / "boot_id",
+                  str(uuid.uuid5(_UUID_NS, f"boot-{profile.name}")))
+        route = ["Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT"]
+        if profile.management_nic is not None:
+            # Root complex 0000:00 hosts the on-board management NIC.
+            root_port = self.root_complex("0000", 0x00) / "0000:00:1c.0"
+            self.pci_function(root_port.parent, "0000:00:1c.0", 0x8086, 0xA110, 0x060400, "pcieport", 0)
+            name = profile.management_nic.ifname or "eno1"
+            self.nic(root_port, "0000:01:00.0", profile.management_nic, 0, name, mgmt=True)
+            route.append(f"{name}\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0")
+        self.file(self.proc / "net" / "route", "\n".join(route))
+        self.virtual_interfaces()
+        for r, root_spec in enumerate(profile.roots):
+            domain = f"{r // 15:04x}"
+            bus = 0x10 * (r % 15 + 1)
+            complex_dir = self.root_complex(domain, bus)
+            for j, card in enumerate(root_spec.devices):
+                port_bdf = f"{domain}:{bus:02x}:{j + 1:02x}.0"
+                port = self.pci_function(complex_dir, port_bdf, 0x8086, 0x352A, 0x060400, "pcieport", root_spec.numa)
+                ep_bus = bus + j + 1
+                ep = f"{domain}:{ep_bus:02x}:00"
+                if isinstance(card, GpuSpec):
+                    self.gpu(port, f"{ep}.0", card, root_spec.numa)
+                elif isinstance(card, NicSpec):
+                    self.nic(port, f"{ep}.0", card, root_spec.numa, card.ifname or _ifname(domain, ep_bus))
+                elif isinstance(card, AlveoSpec):
+                    self.alveo(port, ep, card, root_spec.numa)
+                elif isinstance(card, DflSpec):
+                    self.dfl(port, f"{ep}.0", card, root_spec.numa)
+        if self._uverbs:
+            self.node("/dev/infiniband/rdma_cm")
+        if self.gpus:
+            for control in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+                self.node(f"/dev/{control}")
+
+    def root_complex(self, domain: str, bus: int) -> Path:
+        path = self.sys / "devices" / f"pci{domain}:{bus:02x}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def virtual_interfaces(self) -> None:
+        for name, mac in (("lo", "00:00:00:00:00:00"), ("docker0", "02:42:ac:11:00:01"),
+                          ("veth1a2b3c", "9e:11:22:33:44:55")):
+            path = self.sys / "devices" / "virtual" / "net" / name
+            self.file(path / "address", mac)
+            self.file(path / "mtu", "65536" if name == "lo" else "1500")
+            self.file(path / "operstate", "unknown" if name == "lo" else "up")
+            self.link(self.sys / "class" / "net" / name, path)
+
+    def gpu(self, port: Path, bdf: str, card: GpuSpec, numa: int | None) -> None:
+        model = catalog.GPUS[card.model]
+        self.pci_function(port, bdf, 0x10DE, model.pci_device, 0x030200, "nvidia", numa)
+        index = len(self.gpus)
+        minor = index
+        gpu = FakeGpu(
+            index=index, minor=minor, uuid=f"GPU-{uuid.uuid5(_UUID_NS, bdf)}", bus_id=bdf,
+            product=model.product, brand=model.brand, architecture=model.architecture,
+            compute_capability=model.compute_capability,
+            memory_bytes=model.memory_mib * catalog.MIB, mig_capable=bool(model.mig),
+            lost=card.lost,
+        )
+        caps = self.proc / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig"
+        for k, profile_name in enumerate(card.mig):
+            spec = model.mig[profile_name]
+            gi, ci = k + 1, 0
+            gi_minor, ci_minor = self._cap_minor, self._cap_minor + 1
+            self._cap_minor += 2
+            self.file(caps / f"gi{gi}" / "access", f"DeviceFileMinor: {gi_minor}\nDeviceFileMode: 292")
+            self.file(caps / f"gi{gi}" / f"ci{ci}" / "access", f"DeviceFileMinor: {ci_minor}\nDeviceFileMode: 292")
+            self.node(f"/dev/nvidia-caps/nvidia-cap{gi_minor}")
+            self.node(f"/dev/nvidia-caps/nvidia-cap{ci_minor}")
+            gpu.migs.append(FakeMig(
+                uuid=f"MIG-{uuid.uuid5(_UUID_NS, f'{bdf}/{gi}/{ci}')}", profile=profile_name,
+                gi=gi, ci=ci, memory_bytes=spec.memory_mib * catalog.MIB, slices=spec.slices,
+                multiprocessors=spec.multiprocessors, copy_engines=spec.copy_engines,
+                decoders=spec.decoders, encoders=spec.encoders,
+            ))
+        self.gpus.append(gpu)
+        self.node(f"/dev/nvidia{minor}")
+
+    def nic(self, port: Path, bdf: str, card: NicSpec, numa: int | None, ifname: str,
+            mgmt: bool = False) -> None:
+        model = catalog.NICS[card.model]
+        pf = self.pci_function(port, bdf, model.vendor, model.pci_device, 0x020000, model.driver, numa)
+        self.netdev(pf, ifname, card, model.speed_mbps, bdf)
+        if model.total_vfs and not mgmt:
+            self.file(pf / "sriov_totalvfs", str(model.total_vfs))
+            self.file(pf / "sriov_numvfs", str(card.vfs))
+        if card.rdma:
+            self.rdma(pf)
+        domain, bus, _ = bdf.split(":")
+        for i in range(card.vfs):
+            rid = 2 + i  # VF offset 2, stride 1 (ARI): routing id -> device.function
+            vf_bdf = f"{domain}:{bus}:{rid >> 3:02x}.{rid & 7}"
+            vf = self.pci_function(port, vf_bdf, model.vendor, model.vf_device or model.pci_device,
+                                   0x020000, model.driver, numa)
+            self.link(pf / f"virtfn{i}", vf)
+            self.link(vf / "physfn", pf)
+            self.netdev(vf, f"{ifname}v{i}", card, model.speed_mbps, vf_bdf)
+            if card.rdma:
+                self.rdma(vf)
+
+    def netdev(self, function: Path, ifname: str, card: NicSpec, speed: int, bdf: str) -> None:
+        path = function / "net" / ifname
+        mac_seed = uuid.uuid5(_UUID_NS, f"mac-{bdf}").bytes
+        mac = ":".join(f"{b:02x}" for b in (0x02,) + tuple(mac_seed[:5]))
+        self.file(path / "address", mac)
+        self.file(path / "mtu", str(card.mtu))
+        self.file(path / "operstate", card.link)
+        self.file(path / "speed", str(speed if card.link == "up" else -1))
+        self.file(path / "type", "1")
+        self.file(path / "dev_port", "0")
+        self.link(path / "device", function)
+        self.link(self.sys / "class" / "net" / ifname, path)
+        self.interfaces.append(ifname)
+
+    def rdma(self, function: Path) -> None:
+        prefix = "mlx5_" if (function / "driver").resolve().name == "mlx5_core" else "irdma"
+        index = self._ibdev.get(prefix, 0)
+        self._ibdev[prefix] = index + 1
+        ibdev = f"{prefix}{index}"
+        (function / "infiniband" / ibdev).mkdir(parents=True)
+        uverbs = f"uverbs{self._uverbs}"
+        self._uverbs += 1
+        verbs = function / "infiniband_verbs" / uverbs
+        self.file(verbs / "ibdev", ibdev)
+        self.link(self.sys / "class" / "infiniband_verbs" / uverbs, verbs)
+        self.node(f"/dev/infiniband/{uverbs}")
+
+    def alveo(self, port: Path, slot: str, card: AlveoSpec, numa: int | None) -> None:
+        model = catalog.ALVEO[card.model]
+        mgmt = self.pci_function(port, f"{slot}.0", 0x10EE, model.mgmt_device, 0x120000, "xclmgmt", numa)
+        user = self.pci_function(port, f"{slot}.1", 0x10EE, model.user_device, 0x120000, "xocl", numa)
+        instance = self._xclmgmt
+        self._xclmgmt += 1
+        self.file(mgmt / "instance", str(instance))
+        self.file(mgmt / "rom.0" / "VBNV", model.vbnv)
+        self.file(mgmt / "rom.0" / "FPGA", model.part)
+        render = self._render
+        self._render += 1
+        (user / "drm" / f"renderD{render}").mkdir(parents=True)
+        (user / "drm" / f"card{render - 128}").mkdir(parents=True)
+        self.file(user / "interface_uuids", model.interface_uuid)
+        self.file(user / "logic_uuids", str(uuid.uuid5(_UUID_NS, f"logic-{slot}")))
+        self.node(f"/dev/dri/renderD{render}")
+        self.node(f"/dev/xclmgmt{instance}")
+
+    def dfl(self, port: Path, bdf: str, card: DflSpec, numa: int | None) -> None:
+        model = catalog.DFL[card.model]
+        function = self.pci_function(port, bdf, 0x8086, model.pci_device, 0x120000, "dfl-pci", numa)
+        region = function / "fpga_region" / f"region{self._dfl_region}"
+        self.link(self.sys / "class" / "fpga_region" / region.name, region)
+        self._dfl_region += 1
+        fme = region / f"dfl-fme.{self._dfl_fme}"
+        self._dfl_fme += 1
+        self.file(fme / "bitstream_id", model.bitstream_id)
+        pr_region = fme / f"dfl-fme-region.{self._dfl_fme}" / "fpga_region" / f"region{self._dfl_region}"
+        self.file(pr_region / "compat_id", model.compat_id)
+        self.link(self.sys / "class" / "fpga_region" / pr_region.name, pr_region)
+        self._dfl_region += 1
+        self.node(f"/dev/{fme.name}")
+        for _ in range(card.ports):
+            port_dir = region / f"dfl-port.{self._dfl_port}"
+            self._dfl_port += 1
+            self.file(port_dir / "afu_id", card.afu_id)
+            self.node(f"/dev/{port_dir.name}")

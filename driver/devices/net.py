@@ -1,0 +1,245 @@
+"""Network functions through sysfs: physical NICs, SR-IOV VFs and their RDMA devices.
+
+Only PCI-backed interfaces are devices. Virtual interfaces (lo, bridges, veth, bonds) live
+under /sys/devices/virtual and are never handed to a pod, and neither is any interface an
+operator excludes or the one carrying the node's default route: giving away the
+management NIC would cut the node off the cluster.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver import names
+from driver.devices import pci
+from driver.devices.model import AttributeSet, Device, DeviceKind
+from driver.devices.problems import DeviceError, Problems
+
+RDMA_CM = "/dev/infiniband/rdma_cm"
+
+
+@dataclass(frozen=True)
+class NicSelector:
+    """One include/exclude rule: `eth*` (interface name glob), `vendor=0x15b3` or
+    `pci=0000:3b:*` (PCI address glob)."""
+
+    field: str  # "name" | "vendor" | "pci"
+    pattern: str
+
+    @classmethod
+    def parse(cls, text: str) -> "NicSelector":
+        text = text.strip()
+        key, sep, value = text.partition("=")
+        if not sep:
+            key, value = "name", text
+        key = key.strip().lower()
+        value = value.strip().lower() if key != "name" else value.strip()
+        if key not in ("name", "vendor", "pci") or not value:
+            raise ValueError(
+                f"NIC selector {text!r}: use NAME-GLOB, vendor=0xVVVV or pci=BDF-GLOB"
+            )
+        if key == "vendor":
+            try:
+                value = f"0x{int(value, 16):04x}"
+            except ValueError as err:
+                raise ValueError(f"NIC selector {text!r}: vendor must be hex") from err
+        return cls(key, value)
+
+    def matches(self, ifname: str, function: pci.PciFunction) -> bool:
+        if self.field == "name":
+            return fnmatch.fnmatchcase(ifname, self.pattern)
+        if self.field == "vendor":
+            return pci.hex_id(function.vendor) == self.pattern
+        return fnmatch.fnmatchcase(function.bdf, self.pattern)
+
+    def __str__(self) -> str:
+        return self.pattern if self.field == "name" else f"{self.field}={self.pattern}"
+
+
+@dataclass(frozen=True)
+class NicFilter:
+    include: tuple[NicSelector, ...] = ()  # empty: every physical NIC
+    exclude: tuple[NicSelector, ...] = ()
+    exclude_default_route: bool = True
+
+    def reason_to_skip(
+        self, ifname: str, function: pci.PciFunction, default_route: set[str]
+    ) -> str | None:
+        for rule in self.exclude:
+            if rule.matches(ifname, function):
+                return f"excluded by NIC filter {rule}"
+        if self.include and not any(r.matches(ifname, function) for r in self.include):
+            return "not matched by any NIC include filter"
+        if self.exclude_default_route and ifname in default_route:
+            return "carries the node's default route (management NIC)"
+        return None
+
+
+def default_route_interfaces(proc: Path) -> set[str]:
+    """Interfaces with an IPv4 or IPv6 default route, from /proc/net/{route,ipv6_route}."""
+    found: set[str] = set()
+    text = pci.read_text(proc / "net" / "route") or ""
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[1] == "00000000" and fields[7] == "00000000":
+            found.add(fields[0])
+    text = pci.read_text(proc / "net" / "ipv6_route") or ""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 10 and fields[0] == "0" * 32 and fields[1] == "00" and fields[9] != "lo":
+            found.add(fields[9])
+    return found
+
+
+class NicDiscovery:
+    def __init__(self, sysfs: Path, proc: Path, nic_filter: NicFilter) -> None:
+        self.sysfs = sysfs
+        self.proc = proc
+        self.filter = nic_filter
+        self.excluded: list[tuple[str, str]] = []  # (interface, reason), for the caller's log
+        self._vf_indices: dict[Path, dict[Path, int]] = {}  # PF path -> {VF path: index}
+
+    def discover(self, problems: Problems) -> list[Device]:
+        class_net = self.sysfs / "class" / "net"
+        try:
+            interfaces = sorted(os.listdir(class_net))
+        except OSError:
+            return []
+        virtual = (self.sysfs / "devices" / "virtual").resolve()
+        by_function: dict[str, list[str]] = defaultdict(list)
+        for ifname in interfaces:
+            resolved = (class_net / ifname).resolve()
+            if resolved.is_relative_to(virtual):
+                continue
+            device_link = class_net / ifname / "device"
+            if not device_link.exists():
+                if device_link.is_symlink():
+                    problems.skip(ifname, f"dangling device link {device_link}")
+                continue
+            bdf = pci.bdf_of(self.sysfs, device_link.resolve())
+            if bdf is None:
+                continue  # not PCI (USB, platform): nothing we can hand to a pod safely
+            by_function[bdf].append(ifname)
+
+        uverbs = self._uverbs_by_ibdev()
+        default_route = default_route_interfaces(self.proc)
+        devices: list[Device] = []
+        for bdf, ifnames in sorted(by_function.items()):
+            try:
+                function = pci.read_function(self.sysfs, bdf)
+            except DeviceError as err:
+                problems.skip(", ".join(ifnames), str(err))
+                continue
+            ports = sorted(ifnames, key=lambda n: (self._dev_port(n), n))
+            for ifname in ports:
+                reason = self.filter.reason_to_skip(ifname, function, default_route)
+                if reason:
+                    self.excluded.append((ifname, reason))
+                    continue
+                name = names.label_from_pci("nic", bdf)
+                if len(ports) > 1:
+                    name = f"{name}-port{self._dev_port(ifname)}"
+                try:
+                    devices.append(self._nic(name, ifname, function, uverbs, problems))
+                except (DeviceError, ValueError) as err:
+                    problems.skip(name, f"interface {ifname}: {err}")
+        return devices
+
+    def _dev_port(self, ifname: str) -> int:
+        value = pci.read_int(self.sysfs / "class" / "net" / ifname / "dev_port")
+        return value if value is not None else 0
+
+    def _uverbs_by_ibdev(self) -> dict[str, str]:
+        directory = self.sysfs / "class" / "infiniband_verbs"
+        mapping: dict[str, str] = {}
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError:
+            return mapping
+        for entry in entries:
+            if not entry.startswith("uverbs"):
+                continue
+            ibdev = pci.read_text(directory / entry / "ibdev")
+            if ibdev:
+                mapping[ibdev] = entry
+        return mapping
+
+    def _nic(
+        self,
+        name: str,
+        ifname: str,
+        function: pci.PciFunction,
+        uverbs: dict[str, str],
+        problems: Problems,
+    ) -> Device:
+        net = self.sysfs / "class" / "net" / ifname
+        attrs = AttributeSet(name)
+        attrs.set("type", "nic")
+        attrs.set("ifName", ifname)
+        mac = pci.read_text(net / "address")
+        attrs.set("mac", mac)
+        mtu = pci.read_int(net / "mtu")
+        if mtu is None:
+            problems.note(name, f"interface {ifname}: mtu unreadable")
+        attrs.set("mtu", mtu)
+        attrs.set("linkState", pci.read_text(net / "operstate"))
+        speed = pci.read_int(net / "speed")
+        # -1 or EINVAL: the link is down or the driver does not say; no value beats a lie.
+        attrs.set("speedMbps", speed if speed is not None and speed > 0 else None)
+        attrs.set("netDriver", function.driver)
+        attrs.set("pciVendorID", pci.hex_id(function.vendor))
+        attrs.set("pciDeviceID", pci.hex_id(function.device))
+
+        total_vfs = pci.read_int(function.path / "sriov_totalvfs")
+        physfn = function.path / "physfn"
+        if physfn.is_symlink():
+            pf_path = physfn.resolve()
+            attrs.set("sriovVF", True)
+            attrs.set("pfPciBusID", pf_path.name)
+            attrs.set("vfIndex", self._vf_index(pf_path, function.path))
+        else:
+            attrs.set("sriovVF", False)
+            if total_vfs:
+                attrs.set("sriovTotalVFs", total_vfs)
+                attrs.set("sriovNumVFs", pci.read_int(function.path / "sriov_numvfs"))
+
+        nodes: list[str] = []
+        ibdevs = sorted(p.name for p in (function.path / "infiniband").glob("*"))
+        if ibdevs:
+            ibdev = ibdevs[0]
+            attrs.set("rdma", True)
+            attrs.set("rdmaDevice", ibdev)
+            if ibdev in uverbs:
+                nodes = [f"/dev/infiniband/{uverbs[ibdev]}", RDMA_CM]
+            else:
+                problems.note(name, f"RDMA device {ibdev} has no uverbs character device")
+        else:
+            attrs.set("rdma", False)
+        attrs.pci(function.location)
+        for dropped in attrs.dropped:
+            problems.note(name, f"attribute dropped: {dropped}")
+        return Device(
+            name=name,
+            kind=DeviceKind.NIC,
+            attributes=attrs.values,
+            device_nodes=tuple(nodes),
+            net_interface=ifname,
+            pci=function.location,
+            model=f"{function.driver or 'nic'} {pci.hex_id(function.vendor)}:{pci.hex_id(function.device)}",
+        )
+
+    def _vf_index(self, pf_path: Path, vf_path: Path) -> int | None:
+        # Built once per PF: resolving every virtfnN link for every VF is quadratic, and a
+        # node with 16 PFs x 127 VFs would spend seconds on it.
+        if pf_path not in self._vf_indices:
+            indices: dict[Path, int] = {}
+            for link in pf_path.glob("virtfn*"):
+                suffix = link.name.removeprefix("virtfn")
+                if suffix.isdigit():
+                    indices[link.resolve()] = int(suffix)
+            self._vf_indices[pf_path] = indices
+        return self._vf_indices[pf_path].get(vf_path)

@@ -1,0 +1,265 @@
+"""NVIDIA GPUs and MIG devices through NVML (`nvidia-ml-py`, imported as `pynvml`).
+
+The module object is passed in: the real `pynvml` on a node, the fake from
+`driver.devices.mock` in mock mode. Both expose the same functions, constants and
+exception classes, so this file has no mock-specific branch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from driver import names
+from driver.devices import pci
+from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
+from driver.devices.problems import DeviceError, Problems
+
+T = TypeVar("T")
+
+ARCHITECTURES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+    8: "Ada", 9: "Hopper", 10: "Blackwell", 13: "Rubin",
+}
+BRANDS = {
+    1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+_MIG_NAME = re.compile(r"\bMIG\s+(\S+)$")
+_CAP_MINOR = re.compile(r"DeviceFileMinor:\s*(\d+)")
+
+
+def load_nvml() -> Any | None:
+    """The real NVML binding, or None when the Python package itself is missing."""
+    try:
+        import pynvml  # noqa: PLC0415 - optional at import time by design
+    except ImportError:
+        return None
+    return pynvml
+
+
+def memory_quantity(total_bytes: int) -> str:
+    mib, rest = divmod(int(total_bytes), 1 << 20)
+    return f"{mib}Mi" if rest == 0 else str(int(total_bytes))
+
+
+def cuda_version(encoded: int) -> str:
+    """NVML encodes CUDA 12.4 as 12040."""
+    return f"{encoded // 1000}.{(encoded % 1000) // 10}.0"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlDiscovery:
+    def __init__(self, nvml: Any, sysfs: Path, proc: Path) -> None:
+        self.nvml = nvml
+        self.sysfs = sysfs
+        self.proc = proc
+        self.unavailable: str | None = None  # why NVML could not be used, if it could not
+
+    def discover(self, problems: Problems) -> list[Device]:
+        nv = self.nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as err:
+            # No driver (libnvidia-ml.so.1 missing) is the normal case on NIC/FPGA nodes:
+            # not a problem, just no GPUs.
+            self.unavailable = str(err)
+            return []
+        try:
+            return self._discover(problems)
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
+    def _optional(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A property some GPUs lack (NotSupported) becomes a missing attribute."""
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError_NotSupported:
+            return None
+
+    def _discover(self, problems: Problems) -> list[Device]:
+        nv = self.nvml
+        driver_version = self._optional(nv.nvmlSystemGetDriverVersion)
+        cuda = self._optional(nv.nvmlSystemGetCudaDriverVersion)
+        common = {
+            "driverVersion": _text(driver_version) if driver_version else None,
+            "cudaDriverVersion": cuda_version(cuda) if cuda else None,
+        }
+        devices: list[Device] = []
+        for index in range(nv.nvmlDeviceGetCount()):
+            where = f"gpu index {index}"
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                devices.extend(self._gpu(handle, index, common, problems))
+            except nv.NVMLError_GpuIsLost:
+                problems.skip(where, "GPU is lost (fallen off the bus); not published")
+            except nv.NVMLError as err:
+                problems.skip(where, f"NVML error: {err}")
+            except (DeviceError, ValueError) as err:
+                problems.skip(where, str(err))
+        return devices
+
+    def _location(self, handle: Any) -> tuple[PciLocation, pci.PciFunction | None]:
+        raw = _text(self.nvml.nvmlDeviceGetPciInfo(handle).busId).lower()
+        bdf = raw[-12:]  # NVML: "00000000:17:00.0"; sysfs: "0000:17:00.0"
+        if not pci.BDF.match(bdf):
+            raise DeviceError(f"NVML returned an unusable PCI bus id {raw!r}")
+        try:
+            function = pci.read_function(self.sysfs, bdf)
+        except DeviceError:
+            return PciLocation(bdf, None, None), None
+        return function.location, function
+
+    def _gpu(self, handle: Any, index: int, common: dict, problems: Problems) -> list[Device]:
+        nv = self.nvml
+        uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        location, function = self._location(handle)
+        name = names.label_from_pci("gpu", location.bus_id)
+        if function is None:
+            problems.note(name, f"no sysfs entry for {location.bus_id}: pcieRoot and NUMA unknown")
+        minor = nv.nvmlDeviceGetMinorNumber(handle)
+        product = _text(nv.nvmlDeviceGetName(handle))
+        attrs = AttributeSet(name)
+        attrs.set("type", "gpu")
+        attrs.set("uuid", uuid)
+        attrs.set("productName", product)
+        attrs.set("brand", BRANDS.get(self._optional(nv.nvmlDeviceGetBrand, handle) or 0))
+        arch = self._optional(nv.nvmlDeviceGetArchitecture, handle)
+        attrs.set("architecture", ARCHITECTURES.get(arch) if arch is not None else None)
+        cc = self._optional(nv.nvmlDeviceGetCudaComputeCapability, handle)
+        attrs.version("cudaComputeCapability", f"{cc[0]}.{cc[1]}" if cc else None)
+        attrs.version("driverVersion", common["driverVersion"])
+        attrs.version("cudaDriverVersion", common["cudaDriverVersion"])
+        attrs.set("index", index)
+        attrs.set("minor", minor)
+        if function is not None:
+            attrs.set("pciDeviceID", pci.hex_id(function.device))
+        attrs.pci(location)
+
+        mig_devices = self._mig_devices(handle, name, uuid, minor, attrs.values, location, problems)
+        if mig_devices is not None:
+            # A GPU in MIG mode is published only as its MIG devices: advertising the whole
+            # GPU too would let the scheduler hand it out twice.
+            return mig_devices
+
+        for dropped in attrs.dropped:
+            problems.note(name, f"attribute dropped: {dropped}")
+        memory = nv.nvmlDeviceGetMemoryInfo(handle).total
+        return [
+            Device(
+                name=name,
+                kind=DeviceKind.GPU,
+                attributes=attrs.values,
+                capacity={"memory": memory_quantity(memory)},
+                device_nodes=(f"/dev/nvidia{minor}",),
+                pci=location,
+                model=product,
+            )
+        ]
+
+    def _mig_devices(
+        self,
+        parent: Any,
+        parent_name: str,
+        parent_uuid: str,
+        parent_minor: int,
+        parent_attrs: dict,
+        location: PciLocation,
+        problems: Problems,
+    ) -> list[Device] | None:
+        nv = self.nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(parent)
+        except nv.NVMLError_NotSupported:
+            return None
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            return None
+        devices: list[Device] = []
+        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+            try:
+                handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+            except nv.NVMLError_NotFound:
+                continue  # empty slot
+            try:
+                devices.append(
+                    self._mig(handle, parent_name, parent_uuid, parent_minor, parent_attrs, location)
+                )
+            except (nv.NVMLError, DeviceError, ValueError) as err:
+                problems.skip(f"{parent_name} MIG slot {slot}", str(err))
+        if not devices:
+            problems.note(parent_name, "MIG mode is enabled but no MIG devices exist")
+        return devices
+
+    def _mig(
+        self,
+        handle: Any,
+        parent_name: str,
+        parent_uuid: str,
+        parent_minor: int,
+        parent_attrs: dict,
+        location: PciLocation,
+    ) -> Device:
+        nv = self.nvml
+        gi = nv.nvmlDeviceGetGpuInstanceId(handle)
+        ci = nv.nvmlDeviceGetComputeInstanceId(handle)
+        info = nv.nvmlDeviceGetAttributes(handle)
+        full_name = _text(nv.nvmlDeviceGetName(handle))
+        match = _MIG_NAME.search(full_name)
+        profile = (
+            match.group(1)
+            if match
+            else f"{info.gpuInstanceSliceCount}g.{round(info.memorySizeMB / 1024)}gb"
+        )
+        name = f"mig-{parent_name.removeprefix('gpu-')}-gi{gi}-ci{ci}"
+        attrs = AttributeSet(name)
+        attrs.set("type", "mig")
+        attrs.set("uuid", _text(nv.nvmlDeviceGetUUID(handle)))
+        attrs.set("parentUUID", parent_uuid)
+        attrs.set("profile", profile)
+        for key in ("productName", "brand", "architecture", "cudaComputeCapability",
+                    "driverVersion", "cudaDriverVersion", "index", "minor", "pciDeviceID"):
+            if key in parent_attrs:
+                attrs.set("parentIndex" if key == "index" else
+                          "parentMinor" if key == "minor" else key, parent_attrs[key])
+        attrs.set("gpuInstanceID", gi)
+        attrs.set("computeInstanceID", ci)
+        attrs.pci(location)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle).total
+        capacity = {
+            "memory": memory_quantity(memory),
+            "multiprocessors": str(info.multiprocessorCount),
+            "copyEngines": str(info.sharedCopyEngineCount),
+            "decoders": str(info.sharedDecoderCount),
+            "encoders": str(info.sharedEncoderCount),
+        }
+        caps = self._mig_caps(parent_minor, gi, ci)
+        return Device(
+            name=name,
+            kind=DeviceKind.MIG,
+            attributes=attrs.values,
+            capacity=capacity,
+            device_nodes=(f"/dev/nvidia{parent_minor}", *caps),
+            pci=location,
+            model=f"{parent_attrs.get('productName', 'GPU')} MIG {profile}",
+        )
+
+    def _mig_caps(self, parent_minor: int, gi: int, ci: int) -> tuple[str, ...]:
+        """The /dev/nvidia-caps nodes that grant access to one GPU and compute instance."""
+        base = self.proc / "driver" / "nvidia" / "capabilities" / f"gpu{parent_minor}" / "mig"
+        nodes = []
+        for access in (base / f"gi{gi}" / "access", base / f"gi{gi}" / f"ci{ci}" / "access"):
+            text = pci.read_text(access)
+            match = _CAP_MINOR.search(text or "")
+            if match is None:
+                raise DeviceError(f"MIG capability file {access} missing or unreadable")
+            nodes.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
+        return tuple(nodes)

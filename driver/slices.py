@@ -1,0 +1,109 @@
+"""Inventory -> ResourceSlice bodies, for each resource.k8s.io version we publish with.
+
+Devices are grouped by kind and cut into chunks in name order, and each slice has a fixed
+name (node, driver, kind, chunk). A change to one NIC therefore touches the NIC slices and
+leaves the GPU slices byte-identical, which is what keeps the publisher's writes minimal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from driver import names
+from driver.devices.model import AttributeValue, Device, DeviceKind, Inventory, Version
+
+API_GROUP = "resource.k8s.io"
+API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # preferred first
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, when any device of the slice has taints
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    driver: str
+    node_name: str
+    node_uid: str | None = None  # owner reference, so slices go when the Node goes
+
+
+def attribute_value(value: AttributeValue) -> dict:
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
+def device_body(device: Device, api_version: str, taints: Sequence[dict] = ()) -> dict:
+    attributes = {key: attribute_value(v) for key, v in sorted(device.attributes.items())}
+    capacity = {key: {"value": q} for key, q in sorted(device.capacity.items())}
+    fields: dict = {}
+    if attributes:
+        fields["attributes"] = attributes
+    if capacity:
+        fields["capacity"] = capacity
+    if taints:
+        fields["taints"] = [dict(t) for t in taints]
+    if api_version == "v1beta1":
+        return {"name": device.name, "basic": fields}
+    return {"name": device.name, **fields}
+
+
+def slice_name(pool: PoolIdentity, kind: DeviceKind, index: int) -> str:
+    """A DNS subdomain: `<node>-<driver>-<kind>-<n>`, hashed down when it would not fit."""
+    name = f"{pool.node_name}-{pool.driver}-{kind.value}-{index}".lower()
+    if names.is_dns_subdomain(name):
+        return name
+    digest = hashlib.sha256(f"{pool.node_name}/{pool.driver}".encode()).hexdigest()[:16]
+    name = f"{digest}-{kind.value}-{index}"
+    assert names.is_dns_subdomain(name)
+    return name
+
+
+def build(
+    inventory: Inventory,
+    pool: PoolIdentity,
+    generation: int,
+    api_version: str = "v1",
+    taints: Mapping[str, Sequence[dict]] | None = None,
+) -> list[dict]:
+    """The complete set of slices for the node's pool at one generation."""
+    if api_version not in API_VERSIONS:
+        raise ValueError(f"unsupported resource.k8s.io version {api_version!r}")
+    taints = taints or {}
+    chunks: list[tuple[DeviceKind, int, tuple[Device, ...]]] = []
+    for kind in DeviceKind:
+        devices = inventory.by_kind(kind)
+        limit = MAX_DEVICES_WITH_TAINTS if any(taints.get(d.name) for d in devices) else MAX_DEVICES
+        for index, start in enumerate(range(0, len(devices), limit)):
+            chunks.append((kind, index, devices[start:start + limit]))
+    # An empty pool still publishes one empty slice: it tells the scheduler "this node has
+    # none" at the current generation, instead of leaving old slices looking authoritative.
+    if not chunks:
+        chunks.append((DeviceKind.GPU, 0, ()))
+    owner = []
+    if pool.node_uid:
+        owner = [{"apiVersion": "v1", "kind": "Node", "name": pool.node_name,
+                  "uid": pool.node_uid, "controller": True}]
+    slices = []
+    for kind, index, devices in chunks:
+        # No labels: the field selectors spec.nodeName and spec.driver find our slices.
+        metadata: dict = {"name": slice_name(pool, kind, index)}
+        if owner:
+            metadata["ownerReferences"] = owner
+        slices.append({
+            "apiVersion": f"{API_GROUP}/{api_version}",
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+            "spec": {
+                "driver": pool.driver,
+                "nodeName": pool.node_name,
+                "pool": {"name": pool.node_name, "generation": generation,
+                         "resourceSliceCount": len(chunks)},
+                "devices": [device_body(d, api_version, taints.get(d.name, ())) for d in devices],
+            },
+        })
+    return slices

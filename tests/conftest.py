@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from driver.devices import mock
+from driver.devices.discovery import DiscoveryResult, Sources, discover
+from driver.devices.net import NicFilter
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def discover_profile(profile: str | mock.Profile, root: Path,
+                     nic_filter: NicFilter = NicFilter()) -> tuple[mock.MockNode, DiscoveryResult]:
+    if isinstance(profile, str):
+        profile = mock.load(profile)
+    node = mock.build(profile, root)
+    return node, discover(Sources(node.sysfs, node.proc, node.nvml, nic_filter))
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """Read-only discovery results per built-in profile, built once per session (the scale
+    profile's tree has ~14,000 symlinks and takes seconds to write)."""
+    cache: dict[str, tuple[mock.MockNode, DiscoveryResult]] = {}
+
+    def get(name: str) -> tuple[mock.MockNode, DiscoveryResult]:
+        if name not in cache:
+            cache[name] = discover_profile(name, tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> tuple[mock.MockNode, DiscoveryResult]:
+    return discover_profile("mixed", tmp_path / "mock")

@@ -1,0 +1,116 @@
+"""The API server's validation rules for ResourceSlices (reference.md §4), written
+independently of the driver's own checks so that a bug there cannot hide itself.
+
+Used by the discovery tests and by the API emulator, which rejects writes exactly where
+the real API server would.
+"""
+
+from __future__ import annotations
+
+import re
+
+LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEMVER = re.compile(
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+
+
+LABEL_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _label_key(value: str) -> bool:
+    prefix, _, name = value.rpartition("/")
+    if prefix and not _subdomain(prefix):
+        return False
+    return len(name) <= 63 and bool(LABEL_KEY_NAME.match(name))
+
+
+def _subdomain(value: str) -> bool:
+    return 0 < len(value) <= 253 and all(LABEL.match(p) and len(p) <= 63 for p in value.split("."))
+
+
+def _qualified(value: str) -> bool:
+    if "/" in value:
+        domain, ident = value.split("/", 1)
+        if not (_subdomain(domain) and len(domain) <= 63):
+            return False
+    else:
+        ident = value
+    return len(ident) <= 32 and bool(C_IDENT.match(ident))
+
+
+def slice_errors(obj: dict, has_taint_limit: bool = True) -> list[str]:
+    errors: list[str] = []
+    spec = obj.get("spec", {})
+    version = obj.get("apiVersion", "").rsplit("/", 1)[-1]
+    name = obj.get("metadata", {}).get("name", "")
+    if not _subdomain(name):
+        errors.append(f"metadata.name {name!r} is not a DNS subdomain")
+    driver = spec.get("driver", "")
+    if not (_subdomain(driver) and len(driver) <= 63):
+        errors.append(f"spec.driver {driver!r} invalid")
+    pool = spec.get("pool", {})
+    pool_name = pool.get("name", "")
+    if not pool_name or len(pool_name) > 253 or not all(_subdomain(p) for p in pool_name.split("/")):
+        errors.append(f"spec.pool.name {pool_name!r} invalid")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        errors.append("spec.pool.generation must be a non-negative integer")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        errors.append("spec.pool.resourceSliceCount must be >= 1")
+    selectors = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
+    if len(selectors) != 1:
+        errors.append(f"exactly one of nodeName/nodeSelector/allNodes/perDeviceNodeSelection, got {selectors}")
+    devices = spec.get("devices", [])
+    tainted = any((d.get("basic", d)).get("taints") for d in devices)
+    limit = 64 if tainted and has_taint_limit else 128
+    if len(devices) > limit:
+        errors.append(f"{len(devices)} devices, limit {limit}")
+    seen = set()
+    for i, device in enumerate(devices):
+        where = f"spec.devices[{i}]"
+        dname = device.get("name", "")
+        if not (LABEL.match(dname) and len(dname) <= 63):
+            errors.append(f"{where}.name {dname!r} is not a DNS label")
+        if dname in seen:
+            errors.append(f"{where}.name {dname!r} duplicated")
+        seen.add(dname)
+        body = device.get("basic", {}) if version == "v1beta1" else device
+        if version == "v1beta1" and set(device) - {"name", "basic"}:
+            errors.append(f"{where}: v1beta1 devices nest fields under basic")
+        attrs = body.get("attributes", {}) or {}
+        caps = body.get("capacity", {}) or {}
+        if len(attrs) + len(caps) > 32:
+            errors.append(f"{where}: {len(attrs) + len(caps)} attributes+capacities > 32")
+        for key, value in attrs.items():
+            if not _qualified(key):
+                errors.append(f"{where}.attributes[{key}]: invalid name")
+            if not isinstance(value, dict) or len(value) != 1:
+                errors.append(f"{where}.attributes[{key}]: exactly one value required")
+                continue
+            (kind, v), = value.items()
+            if kind in ("string", "version") and (not isinstance(v, str) or len(v) > 64):
+                errors.append(f"{where}.attributes[{key}]: value longer than 64")
+            if kind == "version" and not SEMVER.match(str(v)):
+                errors.append(f"{where}.attributes[{key}]: {v!r} is not semver")
+            if kind == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+                errors.append(f"{where}.attributes[{key}]: not an int")
+            if kind == "bool" and not isinstance(v, bool):
+                errors.append(f"{where}.attributes[{key}]: not a bool")
+            if kind not in ("string", "version", "int", "bool"):
+                errors.append(f"{where}.attributes[{key}]: unknown type {kind}")
+        for key, value in caps.items():
+            if not _qualified(key):
+                errors.append(f"{where}.capacity[{key}]: invalid name")
+            if not isinstance(value, dict) or not isinstance(value.get("value"), str):
+                errors.append(f"{where}.capacity[{key}]: value must be a quantity string")
+        taints = body.get("taints", []) or []
+        if len(taints) > 4:
+            errors.append(f"{where}: {len(taints)} taints > 4")
+        for t in taints:
+            if t.get("effect") not in ("NoSchedule", "NoExecute"):
+                errors.append(f"{where}: taint effect {t.get('effect')!r}")
+            if not _label_key(t.get("key", "")):
+                errors.append(f"{where}: taint key {t.get('key')!r}")
+    return errors

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from driver import cli
+from driver.config import ConfigError, add_arguments, build
+
+
+def parse(argv, env=None):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return build(parser.parse_args(argv), env or {})
+
+
+def test_defaults():
+    config = parse(["--node-name", "node-1"])
+    assert config.driver_name == "accel.dra.io"
+    assert config.kubelet_registrar_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert config.dra_socket == Path("/var/lib/kubelet/plugins/accel.dra.io/dra.sock")
+    assert config.registration_socket == Path("/var/lib/kubelet/plugins_registry/accel.dra.io-reg.sock")
+    assert config.state_dir == Path("/var/lib/kubelet/plugins/accel.dra.io")
+    assert config.sysfs_root == Path("/sys") and config.dev_root == Path("/dev")
+    assert config.mock is None and config.metrics_port == 9400
+    assert config.nic_filter.exclude_default_route is True
+
+
+def test_flags_beat_env_beat_defaults():
+    env = {"NODE_NAME": "from-env", "DRIVER_NAME": "gpu.example.com", "METRICS_PORT": "8080"}
+    config = parse(["--node-name", "from-flag"], env)
+    assert config.node_name == "from-flag"
+    assert config.driver_name == "gpu.example.com"
+    assert config.metrics_port == 8080
+
+
+def test_seamless_upgrade_socket_names():
+    config = parse(["--node-name", "n", "--pod-uid", "1F0C7A52-8F7E-4D5B-9C1A-0B2C3D4E5F60"])
+    assert config.dra_socket.name == "dra-1f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60.sock"
+    assert config.registration_socket.name == "accel.dra.io-1f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60-reg.sock"
+
+
+def test_nic_filters_parsed():
+    config = parse(["--node-name", "n", "--nic-exclude", "eno*, vendor=0x8086",
+                    "--nic-allow-default-route", "true"])
+    assert [str(s) for s in config.nic_filter.exclude] == ["eno*", "vendor=0x8086"]
+    assert config.nic_filter.exclude_default_route is False
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--driver-name", "Bad_Name"], "--driver-name: driver name 'Bad_Name'"),
+    (["--driver-name", "a" * 64 + ".io"], "at most 63"),
+    (["--cdi-root", "relative/cdi"], "--cdi-root: 'relative/cdi' must be an absolute path"),
+    (["--mock", "no-such-profile"], "--mock: mock profile 'no-such-profile'"),
+    (["--metrics-port", "99999"], "--metrics-port: 99999 is not a port number"),
+    (["--log-format", "xml"], "--log-format: 'xml'"),
+    (["--nic-exclude", "vendor=zz"], "--nic-exclude: NIC selector 'vendor=zz'"),
+    (["--node-name", "Not_A_Node"], "--node-name: node name"),
+    (["--mock", "mixed", "--sysfs-root", "/x"], "--sysfs-root: mock mode generates"),
+    (["--kubelet-plugins-dir", "/" + "p" * 100], "longer than 107 bytes"),
+])
+def test_invalid_values_are_named(argv, fragment):
+    argv = ["--node-name", "n", *argv] if "--node-name" not in argv else argv
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("*", r"\*")):
+        parse(argv)
+
+
+def test_env_errors_name_the_variable():
+    with pytest.raises(ConfigError, match=r"\$CDI_ROOT"):
+        parse(["--node-name", "n"], {"CDI_ROOT": "cdi"})
+
+
+def test_bad_mock_file_is_named(tmp_path):
+    bad = tmp_path / "node.yaml"
+    bad.write_text("roots:\n  - devices:\n      - {type: gpu, model: h100-sxm5-80gb, mig: [9g.1tb]}\n")
+    with pytest.raises(ConfigError, match=f"{bad}: roots\\[0\\].devices\\[0\\].mig"):
+        parse(["--node-name", "n", "--mock", str(bad)])
+
+
+def test_custom_mock_file_discovers(tmp_path, capsys):
+    profile = tmp_path / "lab.yaml"
+    profile.write_text("roots:\n  - numa: 0\n    devices:\n      - {type: nic, model: e810, vfs: 2}\n")
+    assert cli.main(["discover", "--mock", str(profile), "--node-name", "lab"]) == 0
+    out = capsys.readouterr().out
+    assert "nic-0000-11-00-0" in out and "nic-0000-11-00-3" in out
+
+
+def test_cli_exits_2_with_one_message():
+    proc = subprocess.run([sys.executable, "-m", "driver", "discover", "--driver-name", "Bad.Name"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "dra-driver: configuration error: --driver-name: driver name 'Bad.Name' must be a lower-case "
+        "DNS subdomain of at most 63 characters, e.g. accel.example.com"
+    ]
