@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     disc = commands.add_parser("discover", help="print the devices this node would publish")
     disc.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
     add_arguments(disc)
+    run = commands.add_parser("run", help="run the kubelet plugin (DaemonSet entry point)")
+    add_arguments(run)
     return top
 
 
@@ -41,7 +43,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(config.log_format, config.log_level)
     if args.command == "discover":
         return run_discover(config, args.output)
+    if args.command == "run":
+        return run_plugin(config)
     raise AssertionError(args.command)
+
+
+def run_plugin(config: Config) -> int:
+    import asyncio
+
+    from kubernetes.config import ConfigException
+
+    from driver.plugin import serve
+
+    try:
+        return asyncio.run(serve(config))
+    except ConfigException as err:
+        print(f"dra-driver: cannot reach the API server: {err} "
+              "(set --kubeconfig outside a cluster)", file=sys.stderr)
+        return 1
 
 
 def run_discover(config: Config, output: str) -> int:

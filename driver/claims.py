@@ -1,0 +1,105 @@
+"""ResourceClaims from the API server, and what their allocation asks of this driver."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from driver import names
+from driver.kube import ApiError, Kube, NotFound
+from driver.slices import API_GROUP
+
+
+class ClaimError(Exception):
+    """Preparing one claim failed; the message is what the kubelet shows (names the claim)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def check(self) -> None:
+        """Refuse references that are not Kubernetes names before they touch a file path."""
+        if not names.is_dns_label(self.uid):
+            raise ClaimError(f"claim {self}: UID {self.uid!r} is not a valid UID")
+        if not names.is_dns_label(self.namespace):
+            raise ClaimError(f"claim {self}: namespace {self.namespace!r} is invalid")
+        if not names.is_dns_subdomain(self.name):
+            raise ClaimError(f"claim {self}: name {self.name!r} is invalid")
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    devices: tuple[AllocatedDevice, ...]
+    # (source, requests, parameters) for this driver's opaque configs, class ones first.
+    configs: tuple[tuple[str, tuple[str, ...], Any], ...]
+
+
+def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
+    """The parts of a claim's allocation that belong to this driver."""
+    uid = claim.get("metadata", {}).get("uid")
+    if uid != ref.uid:
+        raise ClaimError(f"claim {ref}: UID is {uid}, the kubelet asked for {ref.uid} "
+                         "(the claim was deleted and re-created)")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {ref} is not allocated")
+    devices = (allocation.get("devices") or {})
+    results = [r for r in devices.get("results") or [] if r.get("driver") == driver]
+    if not results:
+        raise ClaimError(f"claim {ref} has no devices allocated by driver {driver}")
+    allocated = tuple(
+        AllocatedDevice(str(r.get("request", "")), str(r.get("pool", "")),
+                        str(r.get("device", "")), r.get("shareID"))
+        for r in results
+    )
+    configs = []
+    entries = [c for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
+    # Class configs first, claim configs after: later entries win (stable within a source).
+    entries.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
+    for entry in entries:
+        configs.append((str(entry.get("source", "")), tuple(entry.get("requests") or ()),
+                        entry["opaque"].get("parameters")))
+    return Allocation(allocated, tuple(configs))
+
+
+class ClaimReader:
+    """GETs claims with the newest resource.k8s.io version the API server serves."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._version: str | None = None
+        self._lock = threading.Lock()
+
+    def version(self) -> str:
+        with self._lock:
+            if self._version is None:
+                served = self.kube.served_resource_versions()
+                if not served:
+                    raise ApiError(0, f"the API server serves no {API_GROUP} version we know")
+                self._version = served[0]
+            return self._version
+
+    def get(self, ref: ClaimRef) -> dict:
+        try:
+            path = (f"/apis/{API_GROUP}/{self.version()}/namespaces/{ref.namespace}"
+                    f"/resourceclaims/{ref.name}")
+            return self.kube.request("GET", path)
+        except NotFound as err:
+            raise ClaimError(f"claim {ref} not found") from err
+        except ApiError as err:
+            raise ClaimError(f"claim {ref}: cannot read it from the API server: {err}") from err

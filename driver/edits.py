@@ -1,0 +1,81 @@
+"""What a container gets for one prepared device: device nodes, env, network devices.
+
+Edits are always derived from the device as discovered now, never replayed from an old
+record: after a reboot a GPU's minor number or an RDMA device's uverbs index can change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from driver.cdi import ContainerEdits, DeviceNode, NetDevice
+from driver.devices.model import PCI_BUS_ID, Device, DeviceKind
+from driver.devices.nvml import CONTROL_NODES
+from driver.opaque import DeviceConfig, FpgaConfig, NicConfig
+
+
+class EditsError(ValueError):
+    pass
+
+
+def env_prefix(device_name: str) -> str:
+    """`gpu-0000-17-00-0` -> `DRA_GPU_0000_17_00_0`: unique per node, so two devices in one
+    container never overwrite each other's variables."""
+    return "DRA_" + device_name.upper().replace("-", "_")
+
+
+def host_path(dev_root: Path, container_path: str) -> str:
+    path = PurePosixPath(container_path)
+    if not path.is_absolute() or path.parts[:2] != ("/", "dev") or ".." in path.parts:
+        raise EditsError(f"device node {container_path!r} is not below /dev")
+    return str(dev_root.joinpath(*path.parts[2:]))
+
+
+def build(
+    device: Device,
+    config: DeviceConfig,
+    *,
+    claim: str,  # "namespace/name"
+    request: str,
+    dev_root: Path,
+) -> ContainerEdits:
+    prefix = env_prefix(device.name)
+    env = [f"{prefix}_CLAIM={claim}", f"{prefix}_REQUEST={request}"]
+    if device.pci is not None:
+        env.append(f"{prefix}_PCI_BUS_ID={device.attributes.get(PCI_BUS_ID, device.pci.bus_id)}")
+    nodes = list(device.device_nodes)
+    net: list[NetDevice] = []
+
+    if device.kind in (DeviceKind.GPU, DeviceKind.MIG):
+        env.append(f"{prefix}_UUID={device.attributes.get('uuid', '')}")
+        # Control nodes are node-wide; nvidia-uvm exists only once the module is loaded.
+        nodes += [n for n in CONTROL_NODES if Path(host_path(dev_root, n)).exists()]
+    elif device.kind is DeviceKind.FPGA:
+        if "interfaceID" in device.attributes:
+            env.append(f"{prefix}_INTERFACE_ID={device.attributes['interfaceID']}")
+        if isinstance(config, FpgaConfig) and config.managementAccess:
+            if not device.management_nodes:
+                raise EditsError(f"FPGA {device.name} has no management node to grant")
+            nodes += device.management_nodes
+    elif device.kind is DeviceKind.NIC:
+        nic = config if isinstance(config, NicConfig) else NicConfig()
+        if not nic.rdma:
+            nodes = []
+        if device.attributes.get("rdmaDevice") and nic.rdma:
+            env.append(f"{prefix}_RDMA_DEVICE={device.attributes['rdmaDevice']}")
+        ifname = device.net_interface or ""
+        inside = nic.interfaceName or ifname
+        env.append(f"{prefix}_IFNAME={inside if nic.moveInterface else ifname}")
+        if nic.moveInterface:
+            if not ifname:
+                raise EditsError(f"NIC {device.name} has no network interface to move")
+            net.append(NetDevice(ifname, inside))
+
+    env += [f"{key}={value}" for key, value in sorted(config.env.items())]
+    seen: set[str] = set()
+    device_nodes = []
+    for node in nodes:
+        if node not in seen:
+            seen.add(node)
+            device_nodes.append(DeviceNode(node, host_path(dev_root, node)))
+    return ContainerEdits(env=tuple(env), device_nodes=tuple(device_nodes), net_devices=tuple(net))

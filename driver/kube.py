@@ -1,0 +1,114 @@
+"""A small JSON layer over the `kubernetes` client's ApiClient.
+
+We talk to three resource.k8s.io versions whose typed models differ (v1beta1 nests device
+fields under `basic`), so requests go through the client's own serialization, auth and
+connection pool, and bodies stay plain dicts that look like the YAML users read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from driver.slices import API_GROUP, API_VERSIONS
+
+DEFAULT_TIMEOUT = 10.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+
+    @property
+    def retriable(self) -> bool:
+        # 0: no answer (connection refused, timeout); 409 conflict; 429 throttled; 5xx.
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+class NotFound(ApiError):
+    pass
+
+
+def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
+    configuration = k8s.Configuration()
+    if kubeconfig is not None:
+        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    # Keep-alive connections, enough for concurrent prepares and the publisher.
+    configuration.connection_pool_maxsize = 16
+    configuration.retries = False
+    return k8s.ApiClient(configuration)
+
+
+@dataclass
+class Kube:
+    client: k8s.ApiClient
+    timeout: float = DEFAULT_TIMEOUT
+
+    def request(self, method: str, path: str, query: dict | None = None, body: Any = None,
+                content_type: str = "application/json", timeout: float | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, post = self.client.param_serialize(
+            method, path, query_params=list((query or {}).items()), header_params=headers,
+            body=body, auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.client.call_api(method, url, header_params=headers, body=body,
+                                            post_params=post,
+                                            _request_timeout=timeout or self.timeout)
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise ApiError(0, f"{method} {path}: {err}") from err
+        except k8s.ApiException as err:
+            raise ApiError(err.status or 0, f"{method} {path}: {err.reason}") from err
+        data = response.read()
+        payload = json.loads(data) if data else None
+        if response.status == 404:
+            raise NotFound(404, f"{method} {path}: not found")
+        if not 200 <= response.status < 300:
+            message = payload.get("message") if isinstance(payload, dict) else response.reason
+            raise ApiError(response.status, f"{method} {path}: {message}")
+        return payload
+
+    def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
+        """A watch: yields decoded events until the server closes or `timeout` passes."""
+        method, url, headers, _, _ = self.client.param_serialize(
+            "GET", path, query_params=list(query.items()),
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.client.rest_client.pool_manager.request(
+                method, url, headers=headers, preload_content=False,
+                timeout=urllib3.Timeout(connect=self.timeout, read=timeout),
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise ApiError(0, f"watch {path}: {err}") from err
+        try:
+            if response.status != 200:
+                raise ApiError(response.status, f"watch {path}: {response.reason}")
+            buffer = b""
+            for chunk in response.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise ApiError(0, f"watch {path}: {err}") from err
+        finally:
+            response.release_conn()
+
+    def served_resource_versions(self) -> list[str]:
+        """Which resource.k8s.io versions the API server serves, in our preference order."""
+        group = self.request("GET", f"/apis/{API_GROUP}")
+        served = {v.get("version") for v in (group or {}).get("versions", [])}
+        return [v for v in API_VERSIONS if v in served]

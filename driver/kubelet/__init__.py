@@ -1,0 +1,1 @@
+"""Everything the kubelet talks to: registration, the DRA service, the health stream."""

@@ -1,0 +1,40 @@
+"""The plugin registration service the kubelet dials on <registrar-dir>/<driver>-reg.sock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+PLUGIN_TYPE = "DRAPlugin"
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # preferred first
+
+
+class Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: str, versions: tuple[str, ...] = DRA_SERVICES) -> None:
+        if not versions:
+            raise ValueError("the kubelet rejects an empty supported_versions list")
+        self.driver = driver
+        self.endpoint = endpoint
+        self.versions = versions
+        self.registered = asyncio.Event()
+        self.last_error: str | None = None
+        self.log = structlog.get_logger(component="registration")
+
+    async def GetInfo(self, request, context):
+        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
+                                  supported_versions=list(self.versions))
+
+    async def NotifyRegistrationStatus(self, request, context):
+        if request.plugin_registered:
+            self.last_error = None
+            self.registered.set()
+            self.log.info("kubelet_registration_succeeded", driver=self.driver)
+        else:
+            self.last_error = request.error
+            self.registered.clear()
+            self.log.error("kubelet_registration_failed", driver=self.driver, error=request.error)
+        return reg_pb2.RegistrationStatusResponse()

@@ -1,0 +1,134 @@
+"""Opaque device configuration that claims and DeviceClasses pass to this driver.
+
+```yaml
+config:
+- requests: [gpu]
+  opaque:
+    driver: accel.dra.io
+    parameters:
+      apiVersion: accel.dra.io/v1alpha1
+      kind: GpuConfig
+      env: {NCCL_DEBUG: INFO}
+```
+
+Decoding is strict: an unknown kind, an unknown field or a wrongly typed value is an
+error that names the claim and the field, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from driver.devices.model import DeviceKind
+
+API_VERSION = "accel.dra.io/v1alpha1"
+MAX_PARAMETERS_BYTES = 10 * 1024  # the API server's limit for opaque parameters
+MAX_ENV = 64
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+
+
+class ConfigDecodeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FpgaConfig:
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Also hand out the management node (/dev/xclmgmtN, /dev/dfl-fme.N): it can reflash
+    # the card, so it is off unless asked for.
+    managementAccess: bool = False
+
+
+@dataclass(frozen=True)
+class NicConfig:
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Move the interface into the pod's network namespace (CDI netDevices; needs
+    # containerd >= 2.2.1 or CRI-O >= 1.35 and runc >= 1.4).
+    moveInterface: bool = False
+    interfaceName: str | None = None  # name inside the pod; default: the host name
+    rdma: bool = True
+
+
+DeviceConfig = GpuConfig | FpgaConfig | NicConfig
+
+_BOOL_FIELDS = {"managementAccess", "moveInterface", "rdma"}
+KINDS: dict[str, type] = {"GpuConfig": GpuConfig, "FpgaConfig": FpgaConfig, "NicConfig": NicConfig}
+APPLIES_TO: dict[type, tuple[DeviceKind, ...]] = {
+    GpuConfig: (DeviceKind.GPU, DeviceKind.MIG),
+    FpgaConfig: (DeviceKind.FPGA,),
+    NicConfig: (DeviceKind.NIC,),
+}
+
+
+def default_for(kind: DeviceKind) -> DeviceConfig:
+    for config_type, kinds in APPLIES_TO.items():
+        if kind in kinds:
+            return config_type()
+    raise AssertionError(kind)
+
+
+def to_dict(config: DeviceConfig) -> dict:
+    """For the checkpoint: enough to rebuild the same edits after a reboot."""
+    return {"kind": type(config).__name__, **{k: (dict(v) if isinstance(v, Mapping) else v)
+                                              for k, v in asdict(config).items()}}
+
+
+def from_dict(data: Mapping[str, Any]) -> DeviceConfig:
+    data = dict(data)
+    kind = data.pop("kind")
+    return decode({"apiVersion": API_VERSION, "kind": kind, **data})
+
+
+def decode(parameters: Any) -> DeviceConfig:
+    """Parameters of one opaque config -> a config object, or ConfigDecodeError."""
+    if not isinstance(parameters, dict):
+        raise ConfigDecodeError("parameters must be a JSON object")
+    size = len(json.dumps(parameters, separators=(",", ":")).encode())
+    if size > MAX_PARAMETERS_BYTES:
+        raise ConfigDecodeError(f"parameters are {size} bytes, the limit is {MAX_PARAMETERS_BYTES}")
+    api_version = parameters.get("apiVersion")
+    if api_version != API_VERSION:
+        raise ConfigDecodeError(f"apiVersion must be {API_VERSION!r}, got {api_version!r}")
+    kind = parameters.get("kind")
+    if kind not in KINDS:
+        raise ConfigDecodeError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    config_type = KINDS[kind]
+    fields = {k: v for k, v in parameters.items() if k not in ("apiVersion", "kind")}
+    allowed = set(config_type.__dataclass_fields__)
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ConfigDecodeError(f"{kind}: unknown field(s) {', '.join(unknown)}")
+    if "env" in fields:
+        fields["env"] = _env(kind, fields["env"])
+    for name, value in fields.items():
+        if name in _BOOL_FIELDS and not isinstance(value, bool):
+            raise ConfigDecodeError(f"{kind}.{name} must be true or false, got {value!r}")
+        if name == "interfaceName" and value is not None and (
+            not isinstance(value, str) or not _IFNAME.match(value)
+        ):
+            raise ConfigDecodeError(f"{kind}.interfaceName {value!r} is not an interface name")
+    return config_type(**fields)
+
+
+def _env(kind: str, env: Any) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise ConfigDecodeError(f"{kind}.env must be a map of strings")
+    if len(env) > MAX_ENV:
+        raise ConfigDecodeError(f"{kind}.env has {len(env)} entries, at most {MAX_ENV}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise ConfigDecodeError(f"{kind}.env: {key!r} is not an environment variable name")
+        if not isinstance(value, str):
+            raise ConfigDecodeError(f"{kind}.env.{key} must be a string")
+        if key.startswith("DRA_"):
+            raise ConfigDecodeError(f"{kind}.env.{key}: DRA_* variables are set by the driver")
+    return dict(env)

@@ -1,0 +1,122 @@
+"""`dra-driver run`: discovery, the kubelet-facing gRPC servers and their lifecycle.
+
+Start order matters: the DRA service socket is up before the registration socket appears,
+because the kubelet dials the endpoint right after GetInfo. Stop order is the reverse:
+the registration socket goes first so the kubelet stops sending new calls, then in-flight
+calls get a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from driver import logs
+from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.cdi import CdiWriter
+from driver.checkpoint import Checkpoint, read_boot_id
+from driver.claims import ClaimReader
+from driver.config import Config
+from driver.devices.discovery import DiscoveryResult, discover, log_result
+from driver.devices.model import Inventory
+from driver.kube import Kube, api_client
+from driver.kubelet import service
+from driver.kubelet.registration import Registration
+from driver.kubelet.sockets import OwnedSocket
+from driver.locks import ProcessLock
+from driver.node import NodeRoots, open_node
+from driver.prepare import Preparer
+
+GRACE_SECONDS = 5.0
+
+
+@dataclass
+class InventoryHolder:
+    """The current inventory; replaced whole by rediscovery, read by prepare."""
+
+    result: DiscoveryResult
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.result.inventory
+
+
+@dataclass
+class Plugin:
+    config: Config
+    kube: Kube
+    node: NodeRoots
+    holder: InventoryHolder
+    preparer: Preparer
+    registration: Registration
+    _servers: list[grpc.aio.Server] = field(default_factory=list)
+    _sockets: list[OwnedSocket] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, config: Config, kube: Kube | None = None) -> "Plugin":
+        node = open_node(config)
+        result = discover(node.sources(config))
+        log_result(result, logs.get("discovery"))
+        holder = InventoryHolder(result)
+        kube = kube or Kube(api_client(config.kubeconfig))
+        preparer = Preparer(
+            driver=config.driver_name,
+            pool=config.node_name,
+            inventory=lambda: holder.inventory,
+            claims=ClaimReader(kube),
+            cdi_writer=CdiWriter(config.cdi_root, config.driver_name),
+            checkpoint=Checkpoint(config.state_dir),
+            boot_id=read_boot_id(node.proc),
+            dev_root=node.dev,
+            process_lock=ProcessLock(config.state_dir / "prepare.lock"),
+        )
+        registration = Registration(config.driver_name, str(config.dra_socket))
+        return cls(config, kube, node, holder, preparer, registration)
+
+    async def start(self) -> None:
+        dra = grpc.aio.server()
+        service.add_to_server(dra, self.preparer)
+        await self._serve(dra, OwnedSocket(self.config.dra_socket))
+        reg = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        await self._serve(reg, OwnedSocket(self.config.registration_socket))
+        structlog.get_logger(component="plugin").info(
+            "plugin_serving", driver=self.config.driver_name, node=self.config.node_name,
+            dra_socket=str(self.config.dra_socket),
+            registration_socket=str(self.config.registration_socket),
+            devices=len(self.holder.inventory.devices),
+            mock=self.config.mock.name if self.config.mock else None,
+        )
+
+    async def _serve(self, server: grpc.aio.Server, sock: OwnedSocket) -> None:
+        server.add_insecure_port(sock.prepare())
+        await server.start()
+        sock.claim()
+        self._servers.append(server)
+        self._sockets.append(sock)
+
+    async def stop(self) -> None:
+        for server, sock in reversed(list(zip(self._servers, self._sockets))):
+            sock.remove()
+            await server.stop(GRACE_SECONDS)
+        self._servers.clear()
+        self._sockets.clear()
+        structlog.get_logger(component="plugin").info("plugin_stopped")
+
+
+async def serve(config: Config) -> int:
+    plugin = Plugin.create(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await plugin.start()
+    try:
+        await stop.wait()
+    finally:
+        await plugin.stop()
+    return 0

@@ -1,0 +1,208 @@
+"""NodePrepareResources / NodeUnprepareResources: allocated claim -> CDI devices.
+
+Per claim, in order, all checks before any write:
+  checkpoint says prepared (same boot, spec present) -> same answer, nothing written
+  checkpoint says prepared (reboot or spec gone)     -> spec rebuilt from current hardware
+  otherwise: GET claim, check UID and allocation, pick this driver's results for this
+  node's pool, resolve devices, decode configs, build the spec -> record PrepareStarted ->
+  write spec -> record PrepareCompleted.
+A crash at any point leaves either nothing, or a record that the next Prepare or
+Unprepare of that claim finishes or cleans up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from driver import cdi, edits, opaque
+from driver.cdi import CdiDevice, CdiWriter
+from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
+from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
+from driver.devices.model import Device, Inventory
+from driver.locks import KeyedLocks, ProcessLock
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def base_request(request: str) -> str:
+    """`gpu/h100` (a firstAvailable subrequest) -> `gpu`: what the pod's containers name."""
+    return request.split("/", 1)[0]
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        inventory: Callable[[], Inventory],
+        claims: ClaimReader,
+        cdi_writer: CdiWriter,
+        checkpoint: Checkpoint,
+        boot_id: str,
+        dev_root: Path,
+        process_lock: ProcessLock,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.inventory = inventory
+        self.claims = claims
+        self.cdi = cdi_writer
+        self.checkpoint = checkpoint
+        self.boot_id = boot_id
+        self.dev_root = dev_root
+        self.process_lock = process_lock
+        self.locks = KeyedLocks()
+        self.log = structlog.get_logger(component="prepare")
+
+    # -- entry points --------------------------------------------------------------------
+    async def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareOutcome]:
+        return await self._each(refs, self._prepare_one, PrepareOutcome)
+
+    async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        outcomes = await self._each(refs, self._unprepare_one, lambda error="": error)
+        return outcomes
+
+    async def _each(self, refs, operation, failed):
+        counts: dict[str, int] = {}
+        for ref in refs:
+            counts[ref.uid] = counts.get(ref.uid, 0) + 1
+        results = {}
+        tasks = {}
+        async with self.process_lock.hold():
+            for ref in refs:
+                if counts[ref.uid] > 1:
+                    results[ref.uid] = failed(error=f"claim {ref} (UID {ref.uid}) appears "
+                                                    f"{counts[ref.uid]} times in one request")
+                elif ref.uid not in tasks:
+                    tasks[ref.uid] = asyncio.create_task(self._locked(ref, operation, failed))
+            for uid, task in tasks.items():
+                results[uid] = await task
+        return results
+
+    async def _locked(self, ref: ClaimRef, operation, failed):
+        log = self.log.bind(claim_uid=ref.uid, claim_namespace=ref.namespace, claim_name=ref.name)
+        try:
+            ref.check()
+            async with self.locks.hold(ref.uid):
+                return await asyncio.to_thread(operation, ref, log)
+        except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
+            log.warning("claim_failed", operation=operation.__name__.strip("_").removesuffix("_one"),
+                        error=str(err))
+            return failed(error=str(err))
+        except OSError as err:
+            log.error("claim_io_error", error=str(err))
+            return failed(error=f"claim {ref}: {err}")
+
+    # -- prepare -------------------------------------------------------------------------
+    def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
+        record = self._record(ref, log)
+        if record is not None and record.state is State.PREPARE_COMPLETED:
+            if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
+                log.debug("claim_already_prepared")
+                return PrepareOutcome(record.devices)
+            # Rebooted (tmpfs /var/run/cdi is empty, minors may differ) or spec deleted:
+            # rebuild from the recorded allocation and today's hardware.
+            self._write(ref, record.devices, log, reason="restored")
+            return PrepareOutcome(record.devices)
+
+        allocation = allocation_for(self.claims.get(ref), ref, self.driver)
+        prepared = self._resolve(ref, allocation)
+        self._write(ref, prepared, log, reason="prepared")
+        return PrepareOutcome(prepared)
+
+    def _record(self, ref: ClaimRef, log) -> ClaimRecord | None:
+        try:
+            return self.checkpoint.get(ref.uid)
+        except CheckpointError as err:
+            moved = self.checkpoint.quarantine(ref.uid)
+            log.error("checkpoint_record_corrupt", error=str(err), moved_to=str(moved))
+            return None
+
+    def _resolve(self, ref: ClaimRef, allocation: Allocation) -> tuple[PreparedDevice, ...]:
+        inventory = self.inventory()
+        prepared = []
+        for result in allocation.devices:
+            if result.pool != self.pool:
+                raise ClaimError(f"claim {ref}: device {result.device} is allocated from pool "
+                                 f"{result.pool!r}, this node's pool is {self.pool!r}")
+            device = inventory.get(result.device)
+            if device is None:
+                raise ClaimError(f"claim {ref}: device {result.device!r} does not exist on "
+                                 f"node {self.pool}")
+            config = self._config_for(ref, device, result.request, allocation)
+            cdi_name = f"{ref.uid}-{device.name}"
+            prepared.append(PreparedDevice(
+                request=result.request, pool=result.pool, device=device.name,
+                cdi_ids=(cdi.qualified_id(self.cdi.vendor, cdi_name),),
+                config=opaque.to_dict(config), share_id=result.share_id,
+            ))
+        names = [p.device for p in prepared]
+        if len(set(names)) != len(names):
+            raise ClaimError(f"claim {ref}: a device is allocated twice: {sorted(names)}")
+        return tuple(prepared)
+
+    def _config_for(self, ref: ClaimRef, device: Device, request: str,
+                    allocation: Allocation) -> opaque.DeviceConfig:
+        chosen = opaque.default_for(device.kind)
+        for source, requests, parameters in allocation.configs:
+            if requests and request not in requests and base_request(request) not in requests:
+                continue
+            try:
+                config = opaque.decode(parameters)
+            except opaque.ConfigDecodeError as err:
+                raise ClaimError(f"claim {ref}: invalid opaque config ({source or 'unknown source'}"
+                                 f" for {self.driver}): {err}") from err
+            if device.kind not in opaque.APPLIES_TO[type(config)]:
+                if requests:  # aimed at this request explicitly: a mistake worth reporting
+                    raise ClaimError(f"claim {ref}: {type(config).__name__} cannot configure "
+                                     f"{device.kind.value} device {device.name}")
+                continue  # a claim-wide config for another kind of device
+            chosen = config
+        return chosen
+
+    def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], log, reason: str) -> None:
+        inventory = self.inventory()
+        cdi_devices = []
+        for prepared in devices:
+            device = inventory.get(prepared.device)
+            if device is None:
+                raise ClaimError(f"claim {ref}: device {prepared.device} is no longer on this node")
+            config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
+            container_edits = edits.build(device, config, claim=str(ref),
+                                          request=base_request(prepared.request),
+                                          dev_root=self.dev_root)
+            cdi_devices.append(CdiDevice(f"{ref.uid}-{device.name}", container_edits))
+        spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
+        started = ClaimRecord(ref.uid, ref.namespace, ref.name, State.PREPARE_STARTED,
+                              self.boot_id, devices)
+        self.checkpoint.put(started)
+        self.cdi.write(ref.uid, spec)
+        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name,
+                                        State.PREPARE_COMPLETED, self.boot_id, devices))
+        log.info("claim_" + reason, devices=[d.device for d in devices],
+                 cdi_version=spec["cdiVersion"])
+
+    # -- unprepare -----------------------------------------------------------------------
+    def _unprepare_one(self, ref: ClaimRef, log) -> str:
+        # The spec goes first: once the record is gone nothing remembers the spec, while a
+        # record without a spec is harmless and removed by the retry.
+        removed_spec = self.cdi.remove(ref.uid)
+        removed_record = self.checkpoint.remove(ref.uid)
+        if removed_spec or removed_record:
+            log.info("claim_unprepared")
+        else:
+            log.debug("claim_unprepare_unknown")
+        return ""
+
+    def prepared_claims(self) -> list[str]:
+        return self.checkpoint.uids()

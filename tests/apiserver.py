@@ -1,0 +1,360 @@
+"""An in-process stand-in for the Kubernetes API server, enough for this driver.
+
+It serves resource.k8s.io discovery, ResourceClaims (GET), ResourceSlices (list with field
+selectors, get, create, update, delete, watch) and Nodes over real HTTP, so the driver's
+`kubernetes` client code path runs unchanged. Like the real server it validates slices
+(tests/k8s_limits.py), enforces resourceVersion on updates (409), and disables Nagle.
+Tests can inject faults (status codes, delays) and read write counters.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from tests.k8s_limits import slice_errors
+
+GROUP = "resource.k8s.io"
+
+
+@dataclass
+class Fault:
+    method: str  # "GET", "POST", "PUT", "DELETE" or "*"
+    path: str  # regex on the path
+    status: int = 500  # 0: no status, just a delay (timeout)
+    delay: float = 0.0
+    times: int = 1
+
+
+@dataclass
+class State:
+    versions: list[str] = field(default_factory=lambda: ["v1", "v1beta2", "v1beta1"])
+    claims: dict[tuple[str, str], dict] = field(default_factory=dict)
+    slices: dict[str, dict] = field(default_factory=dict)
+    nodes: dict[str, dict] = field(default_factory=dict)
+    resource_version: int = 100
+    faults: list[Fault] = field(default_factory=list)
+    writes: list[tuple[str, str]] = field(default_factory=list)  # (verb, slice name)
+    requests: int = 0
+    watchers: list = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    changed: threading.Condition = None
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+
+class ApiServer:
+    def __init__(self, versions: list[str] | None = None) -> None:
+        self.state = State()
+        if versions:
+            self.state.versions = versions
+        handler = type("Handler", (_Handler,), {"state": self.state})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "ApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, directory: Path) -> Path:
+        path = directory / "kubeconfig"
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emu",
+            "clusters": [{"name": "emu", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
+            "users": [{"name": "emu", "user": {"token": "test-token"}}],
+        }))
+        return path
+
+    # -- test helpers ----------------------------------------------------------------------
+    def add_node(self, name: str) -> dict:
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": str(uuid.uuid4())}}
+        with self.state.lock:
+            self.state.nodes[name] = node
+        return node
+
+    def put_claim(self, claim: dict) -> None:
+        meta = claim["metadata"]
+        with self.state.lock:
+            self.state.claims[(meta["namespace"], meta["name"])] = copy.deepcopy(claim)
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        with self.state.lock:
+            self.state.claims.pop((namespace, name), None)
+
+    def inject(self, fault: Fault) -> None:
+        with self.state.lock:
+            self.state.faults.append(fault)
+
+    def slices(self) -> list[dict]:
+        with self.state.lock:
+            return [copy.deepcopy(s) for _, s in sorted(self.state.slices.items())]
+
+    def writes(self) -> list[tuple[str, str]]:
+        with self.state.lock:
+            return list(self.state.writes)
+
+    def reset_writes(self) -> None:
+        with self.state.lock:
+            self.state.writes.clear()
+
+    def delete_slice(self, name: str) -> None:
+        """An outside actor (the kubelet, an admin) deletes a slice."""
+        with self.state.lock:
+            obj = self.state.slices.pop(name)
+            self.state.resource_version += 1
+            _notify(self.state, "DELETED", obj)
+
+    def edit_slice(self, name: str, mutate) -> None:
+        with self.state.lock:
+            obj = self.state.slices[name]
+            mutate(obj)
+            self.state.resource_version += 1
+            obj["metadata"]["resourceVersion"] = str(self.state.resource_version)
+            _notify(self.state, "MODIFIED", obj)
+
+    def wait_for(self, predicate, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.state.changed:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.state.changed.wait(remaining)
+        return True
+
+
+def _notify(state: State, kind: str, obj: dict) -> None:
+    event = {"type": kind, "object": copy.deepcopy(obj)}
+    for watcher in list(state.watchers):
+        watcher.append(event)
+    state.changed.notify_all()
+
+
+def claim_allocated(namespace: str, name: str, uid: str, results: list[dict],
+                    config: list[dict] | None = None, version: str = "v1") -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{version}", "kind": "ResourceClaim",
+        "metadata": {"namespace": namespace, "name": name, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": r["request"].split("/")[0]} for r in results]}},
+        "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
+    }
+
+
+_SLICES = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/resourceslices(?:/([^/]+))?$")
+_CLAIM = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/namespaces/([^/]+)/resourceclaims/([^/]+)$")
+_NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: State
+    protocol_version = "HTTP/1.1"
+    # The real API server sets TCP_NODELAY; without it every response stalls ~40 ms on
+    # delayed ACKs and all latency figures would be fiction.
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _send(self, status: int, body: dict | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, message: str, reason: str = "") -> None:
+        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "message": message, "reason": reason, "code": code})
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length)) if length else {}
+
+    def _fault(self, method: str, path: str) -> bool:
+        with self.state.lock:
+            self.state.requests += 1
+            for fault in self.state.faults:
+                if fault.times > 0 and fault.method in (method, "*") and re.search(fault.path, path):
+                    fault.times -= 1
+                    break
+            else:
+                return False
+        if fault.delay:
+            time.sleep(fault.delay)
+        if fault.status:
+            self._status(fault.status, f"injected fault {fault.status}")
+            return True
+        return False
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        url = urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        body = self._body() if method in ("POST", "PUT") else None
+        if self._fault(method, url.path):
+            return
+        if method == "GET" and url.path == f"/apis/{GROUP}":
+            versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in self.state.versions]
+            return self._send(200, {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
+                                    "versions": versions, "preferredVersion": versions[0]})
+        if m := _NODE.match(url.path):
+            node = self.state.nodes.get(m.group(1))
+            return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
+        if m := _CLAIM.match(url.path):
+            version, namespace, name = m.groups()
+            if version not in self.state.versions:
+                return self._status(404, "version not served", "NotFound")
+            with self.state.lock:
+                claim = copy.deepcopy(self.state.claims.get((namespace, name)))
+            if claim is None or method != "GET":
+                return self._status(404, f"resourceclaims {name!r} not found", "NotFound")
+            claim["apiVersion"] = f"{GROUP}/{version}"
+            return self._send(200, claim)
+        if m := _SLICES.match(url.path):
+            version, name = m.groups()
+            if version not in self.state.versions:
+                return self._status(404, "version not served", "NotFound")
+            return self._slices(method, version, name, query, body)
+        self._status(404, f"no route for {method} {url.path}", "NotFound")
+
+    # -- slices ----------------------------------------------------------------------------
+    def _selected(self, obj: dict, query: dict) -> bool:
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            key, _, value = term.partition("=")
+            field_name = key.removeprefix("spec.")
+            if obj["spec"].get(field_name) != value:
+                return False
+        return True
+
+    def _slices(self, method: str, version: str, name: str | None, query: dict, body) -> None:
+        state = self.state
+        if method == "GET" and name is None and query.get("watch") in ("1", "true"):
+            return self._watch(version, query)
+        with state.lock:
+            if method == "GET" and name is None:
+                items = [_as_version(s, version) for _, s in sorted(state.slices.items())
+                         if self._selected(s, query)]
+                return self._send(200, {"kind": "ResourceSliceList", "apiVersion": f"{GROUP}/{version}",
+                                        "metadata": {"resourceVersion": str(state.resource_version)},
+                                        "items": items})
+            if method == "GET":
+                obj = state.slices.get(name)
+                return self._send(200, _as_version(obj, version)) if obj else \
+                    self._status(404, f"resourceslices {name!r} not found", "NotFound")
+            if method == "DELETE":
+                obj = state.slices.pop(name, None)
+                if obj is None:
+                    return self._status(404, f"resourceslices {name!r} not found", "NotFound")
+                state.writes.append(("delete", name))
+                state.resource_version += 1
+                _notify(state, "DELETED", obj)
+                return self._send(200, {"kind": "Status", "status": "Success"})
+            # create / update
+            if body.get("apiVersion") != f"{GROUP}/{version}" or body.get("kind") != "ResourceSlice":
+                return self._status(400, "body apiVersion/kind do not match the URL", "BadRequest")
+            errors = slice_errors(body)
+            if errors:
+                return self._status(422, "ResourceSlice is invalid: " + "; ".join(errors), "Invalid")
+            meta = body.setdefault("metadata", {})
+            if method == "POST":
+                if meta.get("name") in state.slices:
+                    return self._status(409, f"resourceslices {meta['name']!r} already exists", "AlreadyExists")
+                meta["uid"] = str(uuid.uuid4())
+                verb = "create"
+            else:
+                current = state.slices.get(name)
+                if current is None:
+                    return self._status(404, f"resourceslices {name!r} not found", "NotFound")
+                if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                    return self._status(409, "the object has been modified", "Conflict")
+                meta["uid"] = current["metadata"]["uid"]
+                verb = "update"
+            state.resource_version += 1
+            meta["resourceVersion"] = str(state.resource_version)
+            stored = _to_v1(body, version)
+            state.slices[meta["name"]] = stored
+            state.writes.append((verb, meta["name"]))
+            _notify(state, "ADDED" if verb == "create" else "MODIFIED", stored)
+            return self._send(201 if verb == "create" else 200, _as_version(stored, version))
+
+    def _watch(self, version: str, query: dict) -> None:
+        events: list = []
+        timeout = float(query.get("timeoutSeconds", 30))
+        with self.state.lock:
+            self.state.watchers.append(events)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                with self.state.changed:
+                    if not events:
+                        self.state.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                    batch, events[:] = list(events), []
+                for event in batch:
+                    if not self._selected(event["object"], query):
+                        continue
+                    line = json.dumps({"type": event["type"],
+                                       "object": _as_version(event["object"], version)}).encode() + b"\n"
+                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                    self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with self.state.lock:
+                self.state.watchers.remove(events)
+            self.close_connection = True
+
+
+def _to_v1(obj: dict, version: str) -> dict:
+    """Store slices in v1 shape, converting v1beta1's `basic` nesting."""
+    obj = copy.deepcopy(obj)
+    obj["apiVersion"] = f"{GROUP}/v1"
+    if version == "v1beta1":
+        obj["spec"]["devices"] = [{"name": d["name"], **d.get("basic", {})} for d in obj["spec"].get("devices", [])]
+    return obj
+
+
+def _as_version(obj: dict, version: str) -> dict:
+    obj = copy.deepcopy(obj)
+    obj["apiVersion"] = f"{GROUP}/{version}"
+    if version == "v1beta1":
+        obj["spec"]["devices"] = [{"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
+                                  for d in obj["spec"].get("devices", [])]
+    return obj

@@ -1,0 +1,239 @@
+"""The real plugin process, a fake kubelet over unix sockets, and the API emulator."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.apiserver import ApiServer, claim_allocated
+from tests.cdi_check import check_spec
+from tests.driverproc import DRIVER, DriverDirs, DriverProcess
+from tests.fakekubelet import Claim
+
+GPU = "gpu-0000-11-00-0"
+GPU2 = "gpu-0000-21-00-0"
+NIC = "nic-0000-12-00-0"
+VF = "nic-0000-41-00-2"
+FPGA = "fpga-0000-31-00-1"
+
+
+def result(request: str, device: str, pool: str = "node-a", driver: str = DRIVER) -> dict:
+    return {"request": request, "driver": driver, "pool": pool, "device": device}
+
+
+def opaque(request_names, parameters, source="FromClaim", driver=DRIVER) -> dict:
+    return {"source": source, "requests": request_names,
+            "opaque": {"driver": driver, "parameters": parameters}}
+
+
+def new_claim(api, name, results, config=None, namespace="default") -> Claim:
+    uid = str(uuid.uuid4())
+    api.put_claim(claim_allocated(namespace, name, uid, results, config))
+    return Claim(namespace, name, uid)
+
+
+@pytest.fixture
+def env():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        driver = DriverProcess(api, dirs).start()
+        kubelet = driver.kubelet()
+        yield api, driver, kubelet, dirs
+        kubelet.close()
+        driver.kill()
+    dirs.cleanup()
+
+
+def spec_files(dirs) -> list[Path]:
+    return sorted(dirs.cdi.glob("*.json"))
+
+
+def record_files(dirs) -> list[Path]:
+    return sorted((dirs.state / "claims").glob("*.json"))
+
+
+def test_registration_dance(env):
+    api, driver, kubelet, dirs = env
+    info = kubelet.info
+    assert info.type == "DRAPlugin" and info.name == DRIVER
+    assert info.endpoint == str(dirs.plugins / DRIVER / "dra.sock")
+    assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert kubelet.version == "v1.DRAPlugin"
+    assert "kubelet_registration_succeeded" in driver.log()
+
+
+@pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+def test_prepare_and_unprepare(env, version):
+    api, driver, kubelet, dirs = env
+    claim = new_claim(api, "train", [result("gpu", GPU), result("nic/cx7", NIC)])
+    response = kubelet.prepare([claim], version)
+    entry = response.claims[claim.uid]
+    assert entry.error == ""
+    devices = {d.device_name: d for d in entry.devices}
+    assert set(devices) == {GPU, NIC}
+    assert list(devices[NIC].request_names) == ["nic"], "subrequest stripped"
+    assert devices[GPU].pool_name == "node-a"
+    assert list(devices[GPU].cdi_device_ids) == [f"{DRIVER}/claim={claim.uid}-{GPU}"]
+
+    (spec_path,) = spec_files(dirs)
+    assert spec_path.name == f"{DRIVER}-claim_{claim.uid}.json"
+    spec = json.loads(spec_path.read_text())
+    check_spec(spec)
+    assert spec["kind"] == f"{DRIVER}/claim" and spec["cdiVersion"] == "0.5.0"
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    gpu_edits = by_name[f"{claim.uid}-{GPU}"]
+    paths = [n["path"] for n in gpu_edits["deviceNodes"]]
+    assert paths == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert gpu_edits["deviceNodes"][0]["hostPath"] == str(dirs.state / "mock" / "dev" / "nvidia0")
+    assert "DRA_GPU_0000_11_00_0_CLAIM=default/train" in gpu_edits["env"]
+    nic_edits = by_name[f"{claim.uid}-{NIC}"]
+    assert [n["path"] for n in nic_edits["deviceNodes"]] == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
+    assert "DRA_NIC_0000_12_00_0_IFNAME=enp18s0f0" in nic_edits["env"]
+    assert "netDevices" not in nic_edits, "moving the interface is off by default"
+    assert len(record_files(dirs)) == 1
+
+    again = kubelet.prepare([claim], version)
+    assert again.claims[claim.uid] == entry, "idempotent"
+
+    unprep = kubelet.unprepare([claim], version)
+    assert unprep.claims[claim.uid].error == ""
+    assert spec_files(dirs) == [] and record_files(dirs) == []
+    assert kubelet.unprepare([claim], version).claims[claim.uid].error == "", "unknown claim succeeds"
+
+
+def test_empty_request_is_answered(env):
+    _, _, kubelet, _ = env
+    assert len(kubelet.prepare([]).claims) == 0
+    assert len(kubelet.unprepare([]).claims) == 0
+
+
+def test_other_drivers_results_are_ignored(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "mixed-drivers", [result("gpu", GPU), result("net", "eth9", driver="other.example.com")])
+    entry = kubelet.prepare([claim]).claims[claim.uid]
+    assert entry.error == "" and [d.device_name for d in entry.devices] == [GPU]
+
+
+def test_configs_class_then_claim_override(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "cfg", [result("gpu", GPU), result("fpga", FPGA), result("vf", VF)], config=[
+        opaque(["gpu"], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "env": {"A": "claim"}}),
+        opaque([], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "env": {"A": "class"}}, source="FromClass"),
+        opaque(["fpga"], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "FpgaConfig", "managementAccess": True}),
+        opaque(["vf"], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig", "moveInterface": True,
+                        "interfaceName": "net1"}),
+    ])
+    entry = kubelet.prepare([claim]).claims[claim.uid]
+    assert entry.error == ""
+    spec = json.loads(spec_files(dirs)[0].read_text())
+    check_spec(spec)
+    edits = {d["name"].removeprefix(claim.uid + "-"): d["containerEdits"] for d in spec["devices"]}
+    assert "A=claim" in edits[GPU]["env"] and "A=class" not in edits[GPU]["env"]
+    assert "/dev/xclmgmt0" in [n["path"] for n in edits[FPGA]["deviceNodes"]]
+    assert edits[VF]["netDevices"] == [{"hostInterfaceName": "enp65s0f0v0", "name": "net1"}]
+    assert spec["cdiVersion"] == "1.1.0", "netDevices needs CDI 1.1.0"
+
+
+def _bad(api, kubelet, dirs, claim, fragment):
+    response = kubelet.prepare([claim])
+    error = response.claims[claim.uid].error
+    assert fragment in error, error
+    assert spec_files(dirs) == [] and record_files(dirs) == [], "no state change"
+    return error
+
+
+def test_claim_not_found(env):
+    api, _, kubelet, dirs = env
+    error = _bad(api, kubelet, dirs, Claim("default", "ghost", str(uuid.uuid4())), "claim default/ghost not found")
+    assert "ghost" in error
+
+
+def test_uid_mismatch(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "replaced", [result("gpu", GPU)])
+    _bad(api, kubelet, dirs, Claim("default", "replaced", str(uuid.uuid4())), "re-created")
+
+
+def test_not_allocated(env):
+    api, _, kubelet, dirs = env
+    uid = str(uuid.uuid4())
+    api.put_claim({"metadata": {"namespace": "default", "name": "pending", "uid": uid}, "spec": {}, "status": {}})
+    _bad(api, kubelet, dirs, Claim("default", "pending", uid), "claim default/pending is not allocated")
+
+
+def test_other_nodes_pool(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "elsewhere", [result("gpu", GPU, pool="node-b")])
+    _bad(api, kubelet, dirs, claim, "pool 'node-b', this node's pool is 'node-a'")
+
+
+def test_unknown_device(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "unknown", [result("gpu", "gpu-0000-99-00-0")])
+    _bad(api, kubelet, dirs, claim, "device 'gpu-0000-99-00-0' does not exist on node node-a")
+
+
+@pytest.mark.parametrize("parameters, fragment", [
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "TpuConfig"}, "unknown kind 'TpuConfig'"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "sharing": "mps"}, "unknown field(s) sharing"),
+    ({"apiVersion": "v9", "kind": "GpuConfig"}, "apiVersion must be"),
+    ("not-an-object", "parameters must be a JSON object"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "env": {"A": 1}}, "env.A must be a string"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "env": {f"K{i}": "x" * 200 for i in range(60)}},
+     "the limit is 10240"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig"}, "NicConfig cannot configure gpu device"),
+])
+def test_bad_opaque_config(env, parameters, fragment):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "badcfg", [result("gpu", GPU)], config=[opaque(["gpu"], parameters)])
+    error = _bad(api, kubelet, dirs, claim, fragment)
+    assert "default/badcfg" in error
+
+
+def test_duplicate_claims_in_one_request(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "dup", [result("gpu", GPU)])
+    response = kubelet.prepare([claim, claim])
+    assert "appears 2 times in one request" in response.claims[claim.uid].error
+    assert spec_files(dirs) == [] and record_files(dirs) == []
+
+
+@pytest.mark.parametrize("uid", ["../../etc/passwd", "a/b", "..", "UPPER-CASE-UID", "x" * 64])
+def test_names_that_would_escape_directories(env, uid):
+    api, _, kubelet, dirs = env
+    api.put_claim(claim_allocated("default", "evil", uid, [result("gpu", GPU)]))
+    response = kubelet.prepare([Claim("default", "evil", uid)])
+    assert "is not a valid UID" in response.claims[uid].error
+    assert kubelet.unprepare([Claim("default", "evil", uid)]).claims[uid].error
+    assert spec_files(dirs) == [] and record_files(dirs) == []
+    assert sorted(p.name for p in dirs.root.iterdir()) == sorted(
+        ["cdi", "driver-0.log", "kubeconfig", "plugins", "registry", "state"])
+
+
+def test_bad_namespace_reference(env):
+    _, _, kubelet, dirs = env
+    uid = str(uuid.uuid4())
+    response = kubelet.prepare([Claim("../kube-system", "x", uid)])
+    assert "namespace '../kube-system' is invalid" in response.claims[uid].error
+
+
+def test_one_bad_claim_does_not_fail_the_others(env):
+    api, _, kubelet, dirs = env
+    good = new_claim(api, "good", [result("gpu", GPU)])
+    bad = new_claim(api, "bad", [result("gpu", "gpu-0000-99-00-0")])
+    response = kubelet.prepare([good, bad])
+    assert response.claims[good.uid].error == "" and response.claims[bad.uid].error
+    assert len(spec_files(dirs)) == 1
+
+
+def test_sigterm_stops_cleanly_and_removes_own_sockets(env):
+    api, driver, kubelet, dirs = env
+    reg = dirs.registry / f"{DRIVER}-reg.sock"
+    dra = dirs.plugins / DRIVER / "dra.sock"
+    assert reg.exists() and dra.exists()
+    assert driver.terminate() == 0
+    assert not reg.exists() and not dra.exists()
+    assert "plugin_stopped" in driver.log()
