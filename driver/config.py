@@ -227,7 +227,9 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
     )
     for label, path in (("registration socket", config.registration_socket),
                         ("DRA socket", config.dra_socket)):
-        if len(os.fsencode(str(path))) > UNIX_PATH_MAX:
+        # The socket is bound under a private name of up to 16 bytes, then renamed.
+        longest = len(os.fsencode(str(path.parent))) + 1 + max(len(os.fsencode(path.name)), 16)
+        if longest > UNIX_PATH_MAX:
             raise ConfigError(
                 f"{label} path {path} is longer than {UNIX_PATH_MAX} bytes, the unix socket limit"
             )

@@ -93,9 +93,9 @@ class Plugin:
         )
 
     async def _serve(self, server: grpc.aio.Server, sock: OwnedSocket) -> None:
-        server.add_insecure_port(sock.prepare())
+        server.add_insecure_port(sock.address())
         await server.start()
-        sock.claim()
+        sock.publish()
         self._servers.append(server)
         self._sockets.append(sock)
 

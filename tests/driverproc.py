@@ -54,13 +54,14 @@ class DriverProcess:
     node: str = "node-a"
     extra: list[str] = field(default_factory=list)
     cdi_root: Path | None = None
+    driver: str = DRIVER
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
     def args(self) -> list[str]:
         return [
             sys.executable, "-m", "driver", "run",
-            "--node-name", self.node, "--driver-name", DRIVER, "--mock", self.profile,
+            "--node-name", self.node, "--driver-name", self.driver, "--mock", self.profile,
             "--kubeconfig", str(self.api.kubeconfig(self.dirs.root)),
             "--kubelet-registrar-dir", str(self.dirs.registry),
             "--kubelet-plugins-dir", str(self.dirs.plugins),

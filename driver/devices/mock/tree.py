@@ -37,12 +37,15 @@ class MockNode:
 
 
 def build(profile: Profile, root: Path) -> MockNode:
-    """(Re)create the trees under `root`; anything there before is replaced."""
+    """(Re)create the trees under `root`; anything there before is replaced, except the boot
+    id: a driver restart is not a reboot (tests simulate one by changing that file)."""
     root = root.absolute()
+    boot_id_file = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    boot_id = boot_id_file.read_text().strip() if boot_id_file.is_file() else str(uuid.uuid4())
     if root.exists():
         shutil.rmtree(root)
     writer = _Writer(root)
-    writer.write_profile(profile)
+    writer.write_profile(profile, boot_id)
     nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
     return MockNode(root, writer.sys, writer.dev, writer.proc, nvml, writer.interfaces)
 
@@ -112,9 +115,8 @@ class _Writer:
         return path
 
     # -- layout -----------------------------------------------------------------------------
-    def write_profile(self, profile: Profile) -> None:
-        self.file(self.proc / "sys" / "kernel" / "random" / "boot_id",
-                  str(uuid.uuid5(_UUID_NS, f"boot-{profile.name}")))
+    def write_profile(self, profile: Profile, boot_id: str) -> None:
+        self.file(self.proc / "sys" / "kernel" / "random" / "boot_id", boot_id)
         route = ["Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT"]
         if profile.management_nic is not None:
             # Root complex 0000:00 hosts the on-board management NIC.

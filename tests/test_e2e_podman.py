@@ -1,0 +1,100 @@
+"""End to end: the CDI ids the plugin returns start a real container with podman + runc,
+and the device nodes and env arrive inside it.
+
+Needs root, podman, runc and busybox-static (Debian packages; .ci/run installs them).
+Specs go to /var/run/cdi, where podman looks, under a driver name unique to the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.apiserver import ApiServer
+from tests.driverproc import DriverDirs, DriverProcess
+from tests.test_plugin_integration import GPU, NIC, new_claim
+
+BUSYBOX = Path("/bin/busybox")
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (podman writes device nodes and specs in /var/run/cdi)"
+    for tool in ("podman", "runc"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not BUSYBOX.exists():
+        return "busybox-static is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def container_tools():
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the podman end-to-end test: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def rootfs(tmp_path):
+    root = tmp_path / "rootfs"
+    for sub in ("bin", "dev", "proc", "sys", "tmp"):
+        (root / sub).mkdir(parents=True)
+    shutil.copy(BUSYBOX, root / "bin" / "busybox")
+    for applet in ("sh", "env", "ls", "stat", "cat"):
+        (root / "bin" / applet).symlink_to("busybox")
+    return root
+
+
+def podman_run(rootfs: Path, cdi_ids: list[str], script: str) -> subprocess.CompletedProcess:
+    args = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "run", "--rm",
+            "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+    for cdi_id in cdi_ids:
+        args += ["--device", cdi_id]
+    args += ["--rootfs", str(rootfs), "/bin/sh", "-c", script]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_container_gets_devices_and_env(container_tools, rootfs):
+    driver_name = f"e2e-{uuid.uuid4().hex[:8]}.accel.dra.io"
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        driver = DriverProcess(api, dirs, driver=driver_name, cdi_root=Path("/var/run/cdi")).start()
+        kubelet = driver.kubelet()
+        results = [{"request": "gpu", "driver": driver_name, "pool": "node-a", "device": GPU},
+                   {"request": "nic", "driver": driver_name, "pool": "node-a", "device": NIC}]
+        claim = new_claim(api, "e2e", results)
+        try:
+            entry = kubelet.prepare([claim]).claims[claim.uid]
+            assert entry.error == ""
+            cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+            proc = podman_run(rootfs, cdi_ids,
+                              "env | sort; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm "
+                              "/dev/infiniband/uverbs0 /dev/infiniband/rdma_cm; do stat -c '%n %F' $d; done")
+            assert proc.returncode == 0, proc.stderr
+            out = proc.stdout
+            assert "DRA_GPU_0000_11_00_0_CLAIM=default/e2e" in out
+            assert f"DRA_GPU_0000_11_00_0_UUID=GPU-" in out
+            assert "DRA_NIC_0000_12_00_0_IFNAME=enp18s0f0" in out
+            assert "DRA_NIC_0000_12_00_0_RDMA_DEVICE=mlx5_0" in out
+            for node in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",
+                         "/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"):
+                assert f"{node} character special file" in out, out
+
+            # A container given only the NIC sees no GPU.
+            nic_only = [i for d in entry.devices if d.device_name == NIC for i in d.cdi_device_ids]
+            proc = podman_run(rootfs, nic_only, "ls /dev/nvidia0 2>&1; env")
+            assert "No such file" in proc.stdout and "DRA_GPU_" not in proc.stdout
+        finally:
+            assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+            kubelet.close()
+            driver.kill()
+            dirs.cleanup()
+        assert not list(Path("/var/run/cdi").glob(f"{driver_name}-*"))

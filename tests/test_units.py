@@ -1,0 +1,118 @@
+"""Pure functions: CDI versions and names, opaque config decoding, edits, checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from driver import cdi, edits, names, opaque, slices
+from driver.cdi import CdiDevice, ContainerEdits, DeviceNode, NetDevice
+from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
+from driver.devices.model import Device, DeviceKind, Inventory, Version
+from driver.locks import KeyedLocks
+from tests.cdi_check import check_spec
+
+
+def node(path="/dev/x"):
+    return ContainerEdits(device_nodes=(DeviceNode(path, "/host" + path),))
+
+
+@pytest.mark.parametrize("devices, kind, expected", [
+    ([CdiDevice("a", ContainerEdits(env=("A=1",)))], "v.io/claim", "0.3.0"),
+    ([CdiDevice("a", node())], "v.io/claim", "0.5.0"),
+    ([CdiDevice("0a", ContainerEdits(env=("A=1",)))], "v.io/claim", "0.5.0"),
+    ([CdiDevice("a", ContainerEdits(env=("A=1",)))], "v.io/cl.aim", "0.6.0"),
+    ([CdiDevice("a", ContainerEdits(net_devices=(NetDevice("eth1", "net1"),)))], "v.io/claim", "1.1.0"),
+])
+def test_cdi_minimum_version(devices, kind, expected):
+    assert cdi.minimum_version(kind, devices) == expected
+
+
+def test_cdi_spec_checks():
+    spec = cdi.build_spec("accel.dra.io", [CdiDevice("1234-gpu-0", node())], "claim x/y")
+    check_spec(spec)
+    with pytest.raises(cdi.CdiError, match="no container edits"):
+        cdi.build_spec("v.io", [CdiDevice("a")], "claim x/y")
+    with pytest.raises(cdi.CdiError, match="invalid"):
+        cdi.build_spec("v.io", [CdiDevice("-bad", node())], "claim x/y")
+    with pytest.raises(cdi.CdiError, match="used twice"):
+        cdi.build_spec("v.io", [CdiDevice("a", node()), CdiDevice("a", node())], "claim x/y")
+    with pytest.raises(cdi.CdiError, match="at least one"):
+        cdi.build_spec("v.io", [], "claim x/y")
+
+
+def test_host_path_refuses_escapes(tmp_path):
+    assert edits.host_path(tmp_path, "/dev/nvidia0") == str(tmp_path / "nvidia0")
+    for bad in ("/etc/shadow", "/dev/../etc/shadow", "dev/x", "/devices/x"):
+        with pytest.raises(edits.EditsError):
+            edits.host_path(tmp_path, bad)
+
+
+def test_opaque_round_trip():
+    config = opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "NicConfig",
+                            "moveInterface": True, "interfaceName": "net1", "env": {"X": "1"}})
+    assert opaque.from_dict(opaque.to_dict(config)) == config
+    with pytest.raises(opaque.ConfigDecodeError, match="true or false"):
+        opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "NicConfig", "rdma": "yes"})
+    with pytest.raises(opaque.ConfigDecodeError, match="DRA_"):
+        opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "GpuConfig", "env": {"DRA_X": "1"}})
+    with pytest.raises(opaque.ConfigDecodeError, match="not an interface name"):
+        opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "NicConfig", "interfaceName": "a" * 20})
+
+
+def test_semver_normalization():
+    assert names.normalize_semver("535.104.05") == "535.104.5"
+    assert names.normalize_semver("12.4") == "12.4.0"
+    assert names.normalize_semver("v1.2.3") is None
+    assert names.normalize_semver("1.2.3.4") is None
+    with pytest.raises(ValueError):
+        Version("01.2.3")
+
+
+def test_checkpoint_round_trip_and_errors(tmp_path):
+    checkpoint = Checkpoint(tmp_path)
+    record = ClaimRecord("0b1c", "ns", "name", State.PREPARE_COMPLETED, "boot",
+                         (PreparedDevice("r/s", "pool", "gpu-0", ("v/claim=0b1c-gpu-0",), {"kind": "GpuConfig", "env": {}}),))
+    checkpoint.put(record)
+    assert checkpoint.get("0b1c") == record
+    assert checkpoint.uids() == ["0b1c"]
+    (tmp_path / "claims" / "0b1c.json").write_text('{"version": 99}')
+    with pytest.raises(CheckpointError, match="unknown checkpoint format 99"):
+        checkpoint.get("0b1c")
+    with pytest.raises(CheckpointError, match="not a valid UID"):
+        checkpoint.get("../x")
+    assert checkpoint.remove("0b1c") and not checkpoint.remove("0b1c")
+
+
+def test_keyed_locks_do_not_grow():
+    locks = KeyedLocks()
+
+    async def main():
+        async def hold(key):
+            async with locks.hold(key):
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(hold(f"k{i % 5}") for i in range(50)))
+
+    asyncio.run(main())
+    assert locks._locks == {}
+
+
+def test_slices_group_by_kind_and_respect_taint_limit():
+    devices = [Device(f"nic-{i:03d}", DeviceKind.NIC, {"type": "nic"}) for i in range(130)]
+    devices.append(Device("gpu-0", DeviceKind.GPU, {"type": "gpu"}, {"memory": "1Gi"}))
+    inventory = Inventory(tuple(devices))
+    pool = slices.PoolIdentity("accel.dra.io", "node-a", "uid-1")
+    built = slices.build(inventory, pool, 3)
+    assert [len(s["spec"]["devices"]) for s in built] == [1, 128, 2]
+    assert {s["spec"]["pool"]["generation"] for s in built} == {3}
+    assert built[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    tainted = slices.build(inventory, pool, 3, taints={"nic-000": [{"key": "accel.dra.io/unhealthy", "effect": "NoSchedule"}]})
+    assert [len(s["spec"]["devices"]) for s in tainted] == [1, 64, 64, 2]
+    beta = slices.build(inventory, pool, 1, api_version="v1beta1")
+    assert beta[0]["spec"]["devices"][0] == {"name": "gpu-0", "basic": {
+        "attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "1Gi"}}}}
+    empty = slices.build(Inventory(), pool, 1)
+    assert len(empty) == 1 and empty[0]["spec"]["devices"] == []
