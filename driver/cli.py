@@ -30,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
     add_arguments(disc)
     run = commands.add_parser("run", help="run the kubelet plugin (DaemonSet entry point)")
     add_arguments(run)
+    clean = commands.add_parser("cleanup", help="delete this node's ResourceSlices on purpose")
+    add_arguments(clean)
     return top
 
 
@@ -45,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_discover(config, args.output)
     if args.command == "run":
         return run_plugin(config)
+    if args.command == "cleanup":
+        return run_cleanup(config)
     raise AssertionError(args.command)
 
 
@@ -61,6 +65,23 @@ def run_plugin(config: Config) -> int:
         print(f"dra-driver: cannot reach the API server: {err} "
               "(set --kubeconfig outside a cluster)", file=sys.stderr)
         return 1
+
+
+def run_cleanup(config: Config) -> int:
+    from kubernetes.config import ConfigException
+
+    from driver.devices.model import Inventory
+    from driver.kube import ApiError, Kube, api_client
+    from driver.publisher import Publisher
+
+    try:
+        kube = Kube(api_client(config.kubeconfig))
+        deleted = Publisher(kube, config.driver_name, config.node_name, Inventory).delete_all()
+    except (ConfigException, ApiError) as err:
+        print(f"dra-driver: cleanup failed: {err}", file=sys.stderr)
+        return 1
+    logs.get("cleanup").info("slices_deleted", node=config.node_name, count=deleted)
+    return 0
 
 
 def run_discover(config: Config, output: str) -> int:

@@ -68,6 +68,8 @@ OPTIONS: tuple[Option, ...] = (
            "comma-separated NIC selectors never to publish"),
     Option("nic_allow_default_route", "--nic-allow-default-route", "NIC_ALLOW_DEFAULT_ROUTE",
            "false", "also publish the NIC that carries the default route (true/false)"),
+    Option("rediscover_interval", "--rediscover-interval", "REDISCOVER_INTERVAL", "60",
+           "seconds between full rediscoveries (uevents trigger one sooner)"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -92,6 +94,7 @@ class Config:
     log_level: str
     nic_filter: NicFilter = field(default_factory=NicFilter)
     pod_uid: str | None = None
+    rediscover_interval: float = 60.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -139,6 +142,16 @@ def _port(value: str, source: str) -> int:
     if not 0 <= port <= 65535:
         raise ConfigError(f"{source}: {port} is not a port number (0-65535)")
     return port
+
+
+def _seconds(value: str, source: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {value!r} is not a number of seconds") from err
+    if not 1 <= seconds <= 86400:
+        raise ConfigError(f"{source}: {seconds} is outside 1..86400 seconds")
+    return seconds
 
 
 def _bool(value: str, source: str) -> bool:
@@ -224,6 +237,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
             exclude_default_route=not get("nic_allow_default_route", _bool),
         ),
         pod_uid=pod_uid.lower() if pod_uid else None,
+        rediscover_interval=get("rediscover_interval", _seconds),
     )
     for label, path in (("registration socket", config.registration_socket),
                         ("DRA socket", config.dra_socket)):

@@ -26,7 +26,9 @@ from driver.devices.model import Inventory
 from driver.kube import Kube, api_client
 from driver.kubelet import service
 from driver.kubelet.registration import Registration
+from driver.hotplug import Rediscovery, UeventMonitor
 from driver.kubelet.sockets import OwnedSocket
+from driver.publisher import Publisher
 from driver.locks import ProcessLock
 from driver.node import NodeRoots, open_node
 from driver.prepare import Preparer
@@ -36,7 +38,7 @@ GRACE_SECONDS = 5.0
 
 @dataclass
 class InventoryHolder:
-    """The current inventory; replaced whole by rediscovery, read by prepare."""
+    """The current inventory; replaced whole by rediscovery, read by prepare and publish."""
 
     result: DiscoveryResult
 
@@ -53,6 +55,10 @@ class Plugin:
     holder: InventoryHolder
     preparer: Preparer
     registration: Registration
+    publisher: Publisher
+    rediscovery: Rediscovery
+    uevents: UeventMonitor | None = None
+    _tasks: list[asyncio.Task] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _sockets: list[OwnedSocket] = field(default_factory=list)
 
@@ -75,9 +81,26 @@ class Plugin:
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
         )
         registration = Registration(config.driver_name, str(config.dra_socket))
-        return cls(config, kube, node, holder, preparer, registration)
+        publisher = Publisher(kube, config.driver_name, config.node_name,
+                              inventory=lambda: holder.inventory)
+
+        def changed(new: DiscoveryResult) -> None:
+            holder.result = new
+            publisher.trigger()
+
+        rediscovery = Rediscovery(discover=lambda: discover(node.sources(config)),
+                                  on_change=changed, current=result,
+                                  interval=config.rediscover_interval)
+        return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery)
 
     async def start(self) -> None:
+        # Publishing and rediscovery run beside the servers: an unreachable API server
+        # delays slices, never prepare calls for claims already allocated.
+        self._tasks = [asyncio.create_task(self.publisher.run(), name="publisher"),
+                       asyncio.create_task(self.rediscovery.run(), name="rediscovery")]
+        if self.config.mock is None:
+            self.uevents = UeventMonitor(self.rediscovery.notify)
+            self.uevents.start()
         dra = grpc.aio.server()
         service.add_to_server(dra, self.preparer)
         await self._serve(dra, OwnedSocket(self.config.dra_socket))
@@ -100,6 +123,13 @@ class Plugin:
         self._sockets.append(sock)
 
     async def stop(self) -> None:
+        # Slices stay: the next instance takes them over (deleting them would make the
+        # scheduler forget this node's devices for the length of a restart).
+        if self.uevents is not None:
+            self.uevents.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for server, sock in reversed(list(zip(self._servers, self._sockets))):
             sock.remove()
             await server.stop(GRACE_SECONDS)

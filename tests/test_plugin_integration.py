@@ -39,6 +39,7 @@ def new_claim(api, name, results, config=None, namespace="default") -> Claim:
 def env():
     dirs = DriverDirs.make()
     with ApiServer() as api:
+        api.add_node("node-a")
         driver = DriverProcess(api, dirs).start()
         kubelet = driver.kubelet()
         yield api, driver, kubelet, dirs
@@ -237,3 +238,21 @@ def test_sigterm_stops_cleanly_and_removes_own_sockets(env):
     assert driver.terminate() == 0
     assert not reg.exists() and not dra.exists()
     assert "plugin_stopped" in driver.log()
+
+
+def test_run_publishes_slices_and_keeps_them_on_shutdown(env):
+    api, driver, kubelet, dirs = env
+    assert api.wait_for(lambda: len(api.state.slices) == 3, timeout=20), driver.log()
+    published = {d["name"] for s in api.slices() for d in s["spec"]["devices"]}
+    assert {GPU, GPU2, NIC, VF, FPGA} <= published
+    assert driver.terminate() == 0
+    assert len(api.slices()) == 3, "slices survive a restart; the next instance takes over"
+
+
+def test_prepare_works_while_the_api_server_fails_slice_writes(env):
+    api, driver, kubelet, dirs = env
+    from tests.apiserver import Fault
+
+    api.inject(Fault("*", "resourceslices", status=503, times=10_000))
+    claim = new_claim(api, "during-outage", [result("gpu", GPU)])
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""

@@ -1,0 +1,143 @@
+"""Follows hardware changes: kernel uevents (pci, net) and a periodic full rediscovery.
+
+Events are debounced: creating 64 SR-IOV VFs is a burst of a few hundred uevents, and it
+must cost one rediscovery and one republish, not hundreds. Without pyudev/libudev, or
+without permission to open the netlink socket, polling alone keeps the inventory true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import structlog
+
+from driver.devices.discovery import DiscoveryResult, log_result
+
+DEBOUNCE_QUIET = 1.0  # rediscover once no event came for this long...
+DEBOUNCE_MAX = 5.0  # ...or at the latest this long after the first event of a burst
+
+
+@dataclass
+class Rediscovery:
+    """Runs discovery when asked (debounced) or periodically; reports changed inventories."""
+
+    discover: Callable[[], DiscoveryResult]
+    on_change: Callable[[DiscoveryResult], None]
+    current: DiscoveryResult
+    interval: float = 60.0
+    quiet: float = DEBOUNCE_QUIET
+    max_delay: float = DEBOUNCE_MAX
+    runs: int = 0
+    events: int = 0
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    _poke: asyncio.Event | None = field(default=None, repr=False)
+    _first_event: float | None = field(default=None, repr=False)
+    _last_event: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        self.log = structlog.get_logger(component="hotplug")
+
+    def notify(self, subsystem: str = "", action: str = "") -> None:
+        """A uevent (or anything else that suggests a change); safe from any thread."""
+        now = time.monotonic()
+        if self._loop is None or self._poke is None:
+            return
+
+        def mark() -> None:
+            self.events += 1
+            self._last_event = now
+            if self._first_event is None:
+                self._first_event = now
+            self._poke.set()
+
+        self._loop.call_soon_threadsafe(mark)
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._poke = asyncio.Event()
+        next_periodic = time.monotonic() + self.interval
+        while True:
+            timeout = max(0.0, next_periodic - time.monotonic())
+            try:
+                await asyncio.wait_for(self._poke.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            if self._first_event is not None:
+                # Debounce: wait for quiet, but not beyond max_delay after the burst began.
+                while True:
+                    now = time.monotonic()
+                    wait = min(self._last_event + self.quiet, self._first_event + self.max_delay) - now
+                    if wait <= 0:
+                        break
+                    self._poke.clear()
+                    try:
+                        await asyncio.wait_for(self._poke.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                self._first_event = None
+            elif time.monotonic() < next_periodic:
+                self._poke.clear()
+                continue
+            self._poke.clear()
+            await self.rediscover()
+            next_periodic = time.monotonic() + self.interval
+
+    async def rediscover(self) -> bool:
+        result = await asyncio.to_thread(self.discover)
+        self.runs += 1
+        previous, self.current = self.current, result
+        log_result(result, structlog.get_logger(component="discovery"), previous)
+        if result.inventory == previous.inventory:
+            return False
+        old = {d.name for d in previous.inventory.devices}
+        new = {d.name for d in result.inventory.devices}
+        self.log.info("inventory_changed", added=sorted(new - old)[:20], removed=sorted(old - new)[:20],
+                      added_count=len(new - old), removed_count=len(old - new))
+        self.on_change(result)
+        return True
+
+
+class UeventMonitor:
+    """Kernel uevents through pyudev, in a daemon thread feeding Rediscovery.notify."""
+
+    def __init__(self, notify: Callable[[str, str], None]) -> None:
+        self.notify = notify
+        self.log = structlog.get_logger(component="hotplug")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        try:
+            import pyudev  # noqa: PLC0415 - optional: polling works without it
+
+            context = pyudev.Context()
+            # source="kernel": in a container no udevd runs, so "udev" events never come.
+            monitor = pyudev.Monitor.from_netlink(context, source="kernel")
+            monitor.filter_by(subsystem="pci")
+            monitor.filter_by(subsystem="net")
+            monitor.start()
+        except (ImportError, OSError, Exception) as err:  # libudev missing, netlink denied
+            self.log.info("uevents_unavailable_polling_only", reason=str(err))
+            return False
+        self._thread = threading.Thread(target=self._run, args=(monitor,), name="uevents", daemon=True)
+        self._thread.start()
+        self.log.info("uevents_watching", subsystems=["pci", "net"])
+        return True
+
+    def _run(self, monitor) -> None:
+        while not self._stop.is_set():
+            try:
+                device = monitor.poll(timeout=1.0)
+            except OSError as err:
+                self.log.warning("uevent_read_failed", error=str(err))
+                self._stop.wait(5)
+                continue
+            if device is not None:
+                self.notify(device.subsystem or "", device.action or "")
+
+    def stop(self) -> None:
+        self._stop.set()

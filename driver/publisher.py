@@ -1,0 +1,241 @@
+"""Keeps this node's ResourceSlices in the API server equal to the inventory.
+
+Reconciliation compares the desired slices with what the API server has (listed with the
+field selectors spec.nodeName and spec.driver) and writes only the difference:
+
+* Same device partition (same slice names holding the same device names) at one
+  generation: update only slices whose content changed, generation unchanged. Nothing
+  changed: zero writes.
+* Partition changed (devices added/removed, a slice split by the taint limit) or the
+  pool is inconsistent: write every desired slice at generation+1, then delete the rest.
+  The scheduler trusts a pool only when all slices of its highest generation are there,
+  so it never mixes old and new device sets.
+
+A watch on our slices triggers a reconcile whenever someone else deletes or edits one
+(the kubelet deletes a driver's slices at its start and after the driver disconnects).
+API errors are retried with capped exponential backoff and jitter; prepare calls do not
+depend on any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import structlog
+
+from driver import slices
+from driver.devices.model import Inventory
+from driver.kube import ApiError, Kube, NotFound
+from driver.slices import API_GROUP, PoolIdentity
+
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 30.0
+RESYNC_SECONDS = 300.0
+WATCH_SECONDS = 240
+
+
+@dataclass
+class PublishStats:
+    writes: int = 0
+    failures: int = 0
+    reconciles: int = 0
+    published: bool = False  # the first complete publish is done (readiness)
+
+
+def _content(obj: dict) -> dict:
+    """What we own in a slice: spec minus the pool generation, plus owner references."""
+    spec = copy.deepcopy(obj.get("spec", {}))
+    spec.get("pool", {}).pop("generation", None)
+    return {"spec": spec, "owners": obj.get("metadata", {}).get("ownerReferences") or []}
+
+
+def _partition(objects: Sequence[dict]) -> dict[str, tuple[str, ...]]:
+    return {o["metadata"]["name"]: tuple(d["name"] for d in o["spec"].get("devices", []))
+            for o in objects}
+
+
+@dataclass
+class Publisher:
+    kube: Kube
+    driver: str
+    node: str
+    inventory: Callable[[], Inventory]
+    taints: Callable[[], Mapping[str, Sequence[dict]]] = lambda: {}
+    resync_seconds: float = RESYNC_SECONDS
+    stats: PublishStats = field(default_factory=PublishStats)
+    api_version: str | None = None
+    node_uid: str | None = None
+
+    def __post_init__(self) -> None:
+        self.log = structlog.get_logger(component="publisher", node=self.node)
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._rng = random.Random()
+        self._published: tuple[int, dict] | None = None  # (generation, partition) we wrote
+
+    # -- triggers ------------------------------------------------------------------------
+    def trigger(self) -> None:
+        """Ask for a reconcile soon; safe from any thread."""
+        if self._loop is None or self._wake is None:
+            return
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    # -- API -----------------------------------------------------------------------------
+    def _base(self) -> str:
+        return f"/apis/{API_GROUP}/{self.api_version}/resourceslices"
+
+    def _selector(self) -> dict:
+        return {"fieldSelector": f"spec.nodeName={self.node},spec.driver={self.driver}"}
+
+    def negotiate(self) -> str:
+        if self.api_version is None:
+            served = self.kube.served_resource_versions()
+            if not served:
+                raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
+            self.api_version = served[0]
+            self.log.info("resource_api_version", version=self.api_version, served=served)
+        return self.api_version
+
+    def _owner(self) -> None:
+        if self.node_uid is not None:
+            return
+        try:
+            node = self.kube.request("GET", f"/api/v1/nodes/{self.node}")
+            self.node_uid = node["metadata"]["uid"]
+        except ApiError as err:
+            # Slices still work without the owner reference; garbage collection of a
+            # deleted node's slices is what we lose, so keep trying on later passes.
+            self.log.warning("node_lookup_failed", error=str(err))
+
+    def list_existing(self) -> list[dict]:
+        listing = self.kube.request("GET", self._base(), query=self._selector())
+        return [s for s in listing.get("items", [])
+                if s["spec"].get("driver") == self.driver and s["spec"].get("nodeName") == self.node]
+
+    # -- reconcile -----------------------------------------------------------------------
+    def reconcile(self) -> int:
+        """One pass; returns the number of writes. Raises ApiError on failure."""
+        self.negotiate()
+        self._owner()
+        self.stats.reconciles += 1
+        existing = {s["metadata"]["name"]: s for s in self.list_existing()}
+        pool = PoolIdentity(self.driver, self.node, self.node_uid)
+        generations = {s["spec"]["pool"]["generation"] for s in existing.values()}
+        current = max(generations, default=0)
+        desired = slices.build(self.inventory(), pool, current, self.api_version, self.taints())
+        want = _partition(desired)
+        have = _partition(existing.values())
+        # What we last published, if this process published: then an external edit or
+        # delete is repaired in place. A fresh process trusts the API server's partition.
+        known = self._published if self._published and self._published[0] == current else (current, have)
+        in_place = (
+            len(generations) == 1
+            and known[1] == want
+            and set(have) <= set(want)
+            and all(s["spec"]["pool"]["resourceSliceCount"] == len(desired) for s in existing.values())
+        )
+        writes = 0
+        if in_place:
+            for obj in desired:
+                old = existing.get(obj["metadata"]["name"])
+                if old is None or _content(old) != _content(obj):
+                    writes += self._put(obj, old)
+            generation = current
+        else:
+            generation = current + 1
+            for obj in desired:
+                obj["spec"]["pool"]["generation"] = generation
+                writes += self._put(obj, existing.get(obj["metadata"]["name"]))
+            keep = {o["metadata"]["name"] for o in desired}
+            for name in sorted(set(existing) - keep):
+                writes += self._delete(name)
+            self.log.info("pool_generation_published", generation=generation, slices=len(desired),
+                          devices=sum(len(o["spec"]["devices"]) for o in desired))
+        self._published = (generation, want)
+        self.stats.writes += writes
+        self.stats.published = True
+        return writes
+
+    def _put(self, obj: dict, have: dict | None) -> int:
+        name = obj["metadata"]["name"]
+        if have is None:
+            self.kube.request("POST", self._base(), body=obj)
+            self.log.debug("slice_created", slice=name)
+        else:
+            obj["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
+            self.kube.request("PUT", f"{self._base()}/{name}", body=obj)
+            self.log.debug("slice_updated", slice=name)
+        return 1
+
+    def _delete(self, name: str) -> int:
+        try:
+            self.kube.request("DELETE", f"{self._base()}/{name}")
+        except NotFound:
+            return 0
+        self.log.debug("slice_deleted", slice=name)
+        return 1
+
+    def delete_all(self) -> int:
+        """`dra-driver cleanup`: remove this node's slices on purpose."""
+        self.negotiate()
+        return sum(self._delete(s["metadata"]["name"]) for s in self.list_existing())
+
+    # -- loops ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        watcher = threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True)
+        watcher.start()
+        failures = 0
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(self.reconcile)
+                    failures = 0
+                    delay = self.resync_seconds
+                except ApiError as err:
+                    failures += 1
+                    self.stats.failures += 1
+                    delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
+                    delay *= self._rng.uniform(0.5, 1.0)  # jitter: nodes must not retry in step
+                    self.log.warning("publish_failed", error=str(err), retry_in=round(delay, 2),
+                                     attempt=failures)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    # Coalesce bursts (our own writes echo back through the watch).
+                    await asyncio.sleep(0.05)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+        finally:
+            self._stop.set()
+
+    def _watch_loop(self) -> None:
+        """Blocking watch in a thread; any event about our slices wakes the reconciler."""
+        failures = 0
+        while not self._stop.is_set():
+            if self.api_version is None:
+                self._stop.wait(0.2)
+                continue
+            try:
+                query = {**self._selector(), "watch": "1", "timeoutSeconds": str(WATCH_SECONDS),
+                         "allowWatchBookmarks": "false"}
+                for _event in self.kube.stream(self._base(), query, timeout=WATCH_SECONDS + 10):
+                    failures = 0
+                    if self._stop.is_set():
+                        return
+                    self.trigger()
+                # A watch that ended normally: events may have been missed in between.
+                self.trigger()
+            except ApiError as err:
+                failures += 1
+                delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** failures) * self._rng.uniform(0.5, 1.0)
+                self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
+                self._stop.wait(delay)
+                self.trigger()
