@@ -70,6 +70,13 @@ OPTIONS: tuple[Option, ...] = (
            "false", "also publish the NIC that carries the default route (true/false)"),
     Option("rediscover_interval", "--rediscover-interval", "REDISCOVER_INTERVAL", "60",
            "seconds between full rediscoveries (uevents trigger one sooner)"),
+    Option("health_interval", "--health-interval", "HEALTH_INTERVAL", "5",
+           "seconds between device health probes (link state, GPU lost, device gone)"),
+    Option("ignored_xids", "--ignored-xids", "IGNORED_XIDS", "13,31,43,45,68,109",
+           "comma-separated NVML XIDs that do not make a GPU unhealthy (application errors)"),
+    Option("xid_recovery_seconds", "--xid-recovery-seconds", "XID_RECOVERY_SECONDS", "0",
+           "clear an XID condition this long after it began if the GPU answers; 0: keep it "
+           "until the driver restarts"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -95,6 +102,9 @@ class Config:
     nic_filter: NicFilter = field(default_factory=NicFilter)
     pod_uid: str | None = None
     rediscover_interval: float = 60.0
+    health_interval: float = 5.0
+    ignored_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    xid_recovery_seconds: float = 0.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -152,6 +162,16 @@ def _seconds(value: str, source: str) -> float:
     if not 1 <= seconds <= 86400:
         raise ConfigError(f"{source}: {seconds} is outside 1..86400 seconds")
     return seconds
+
+
+def _xids(value: str, source: str) -> frozenset[int]:
+    try:
+        xids = frozenset(int(p) for p in str(value).split(",") if p.strip())
+    except ValueError as err:
+        raise ConfigError(f"{source}: {value!r} is not a comma-separated list of XID numbers") from err
+    if any(x <= 0 for x in xids):
+        raise ConfigError(f"{source}: XIDs are positive numbers")
+    return xids
 
 
 def _bool(value: str, source: str) -> bool:
@@ -238,6 +258,10 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
         ),
         pod_uid=pod_uid.lower() if pod_uid else None,
         rediscover_interval=get("rediscover_interval", _seconds),
+        health_interval=get("health_interval", _seconds),
+        ignored_xids=get("ignored_xids", _xids),
+        xid_recovery_seconds=0.0 if str(raw["xid_recovery_seconds"]) == "0"
+        else get("xid_recovery_seconds", _seconds),
     )
     for label, path in (("registration socket", config.registration_socket),
                         ("DRA socket", config.dra_socket)):

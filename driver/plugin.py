@@ -1,9 +1,10 @@
-"""`dra-driver run`: discovery, the kubelet-facing gRPC servers and their lifecycle.
+"""`dra-driver run`: discovery, the kubelet-facing gRPC servers, publishing, health,
+metrics and probes, and their lifecycle.
 
 Start order matters: the DRA service socket is up before the registration socket appears,
 because the kubelet dials the endpoint right after GetInfo. Stop order is the reverse:
 the registration socket goes first so the kubelet stops sending new calls, then in-flight
-calls get a grace period.
+calls get a grace period. Slices are left in place for the next instance.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ from driver.claims import ClaimReader
 from driver.config import Config
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
-from driver.kube import Kube, api_client
-from driver.kubelet import service
-from driver.kubelet.registration import Registration
+from driver.health import HealthState, Prober, XidWatcher
 from driver.hotplug import Rediscovery, UeventMonitor
+from driver.kube import Kube, api_client
+from driver.kubelet import health as health_stream
+from driver.kubelet import service
+from driver.kubelet.registration import DRA_SERVICES, Registration
 from driver.kubelet.sockets import OwnedSocket
-from driver.publisher import Publisher
 from driver.locks import ProcessLock
+from driver.metrics import Metrics
 from driver.node import NodeRoots, open_node
 from driver.prepare import Preparer
+from driver.probes import HttpEndpoint, Probes
+from driver.publisher import Publisher
 
 GRACE_SECONDS = 5.0
 
@@ -57,7 +62,13 @@ class Plugin:
     registration: Registration
     publisher: Publisher
     rediscovery: Rediscovery
+    health: HealthState
+    prober: Prober
+    metrics: Metrics
+    probes: Probes
+    xid: XidWatcher | None = None
     uevents: UeventMonitor | None = None
+    endpoints: list[HttpEndpoint] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _sockets: list[OwnedSocket] = field(default_factory=list)
@@ -68,21 +79,27 @@ class Plugin:
         result = discover(node.sources(config))
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
+        inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
         kube = kube or Kube(api_client(config.kubeconfig))
+        checkpoint = Checkpoint(config.state_dir)
         preparer = Preparer(
             driver=config.driver_name,
             pool=config.node_name,
-            inventory=lambda: holder.inventory,
+            inventory=inventory,
             claims=ClaimReader(kube),
             cdi_writer=CdiWriter(config.cdi_root, config.driver_name),
-            checkpoint=Checkpoint(config.state_dir),
+            checkpoint=checkpoint,
             boot_id=read_boot_id(node.proc),
             dev_root=node.dev,
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
         )
-        registration = Registration(config.driver_name, str(config.dra_socket))
-        publisher = Publisher(kube, config.driver_name, config.node_name,
-                              inventory=lambda: holder.inventory)
+        registration = Registration(config.driver_name, str(config.dra_socket),
+                                    (*DRA_SERVICES, health_stream.SERVICE_NAME))
+        metrics = Metrics(config.driver_name)
+        health = HealthState(config.driver_name, inventory)
+        publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
+                              taints=health.taints, metrics=metrics)
+        health.subscribe(publisher.trigger)
 
         def changed(new: DiscoveryResult) -> None:
             holder.result = new
@@ -91,18 +108,44 @@ class Plugin:
         rediscovery = Rediscovery(discover=lambda: discover(node.sources(config)),
                                   on_change=changed, current=result,
                                   interval=config.rediscover_interval)
-        return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery)
+        prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
+        metrics.watch_state(
+            prepared=lambda: len(checkpoint.uids()),
+            devices=lambda: _count_kinds(holder.inventory),
+            health=health.summary,
+        )
+
+        def ready() -> tuple[bool, str]:
+            registered = registration.registered.is_set()
+            published = publisher.stats.published
+            return registered and published, f"registered={registered} published={published}"
+
+        xid = XidWatcher(node.nvml, health, config.ignored_xids) if node.nvml is not None else None
+        return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
+                   health, prober, metrics, Probes(ready), xid)
 
     async def start(self) -> None:
-        # Publishing and rediscovery run beside the servers: an unreachable API server
-        # delays slices, never prepare calls for claims already allocated.
-        self._tasks = [asyncio.create_task(self.publisher.run(), name="publisher"),
-                       asyncio.create_task(self.rediscovery.run(), name="rediscovery")]
+        # Publishing, rediscovery and health run beside the servers: an unreachable API
+        # server delays slices, never prepare calls for claims already allocated.
+        self._tasks = [
+            asyncio.create_task(self.publisher.run(), name="publisher"),
+            asyncio.create_task(self.rediscovery.run(), name="rediscovery"),
+            asyncio.create_task(self._probe_loop(), name="health-probe"),
+            asyncio.create_task(self.probes.heartbeat(), name="heartbeat"),
+        ]
+        if self.xid is not None:
+            self.xid.start()
         if self.config.mock is None:
             self.uevents = UeventMonitor(self.rediscovery.notify)
             self.uevents.start()
+        if self.config.metrics_port:
+            self.endpoints.append(HttpEndpoint(self.config.metrics_port, registry=self.metrics.registry).start())
+        if self.config.healthz_port:
+            self.endpoints.append(HttpEndpoint(self.config.healthz_port, probes=self.probes).start())
+
         dra = grpc.aio.server()
-        service.add_to_server(dra, self.preparer)
+        service.add_to_server(dra, self.preparer, self.metrics)
+        health_stream.add_to_server(dra, health_stream.HealthService(self.health, self.config.node_name))
         await self._serve(dra, OwnedSocket(self.config.dra_socket))
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
@@ -115,6 +158,15 @@ class Plugin:
             mock=self.config.mock.name if self.config.mock else None,
         )
 
+    async def _probe_loop(self) -> None:
+        log = structlog.get_logger(component="health")
+        while True:
+            try:
+                await asyncio.to_thread(self.prober.probe)
+            except Exception as err:  # a probe bug must not end health reporting
+                log.error("health_probe_failed", error=str(err))
+            await asyncio.sleep(self.config.health_interval)
+
     async def _serve(self, server: grpc.aio.Server, sock: OwnedSocket) -> None:
         server.add_insecure_port(sock.address())
         await server.start()
@@ -123,19 +175,28 @@ class Plugin:
         self._sockets.append(sock)
 
     async def stop(self) -> None:
-        # Slices stay: the next instance takes them over (deleting them would make the
-        # scheduler forget this node's devices for the length of a restart).
-        if self.uevents is not None:
-            self.uevents.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         for server, sock in reversed(list(zip(self._servers, self._sockets))):
             sock.remove()
             await server.stop(GRACE_SECONDS)
         self._servers.clear()
         self._sockets.clear()
+        if self.uevents is not None:
+            self.uevents.stop()
+        if self.xid is not None:
+            self.xid.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for endpoint in self.endpoints:
+            endpoint.stop()
         structlog.get_logger(component="plugin").info("plugin_stopped")
+
+
+def _count_kinds(inventory: Inventory) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for device in inventory.devices:
+        counts[device.kind.value] = counts.get(device.kind.value, 0) + 1
+    return counts
 
 
 async def serve(config: Config) -> int:

@@ -24,7 +24,7 @@ import copy
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 
@@ -70,6 +70,8 @@ class Publisher:
     stats: PublishStats = field(default_factory=PublishStats)
     api_version: str | None = None
     node_uid: str | None = None
+    metrics: Any = None  # driver.metrics.Metrics, optional
+    taints_supported: bool = True
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -128,7 +130,10 @@ class Publisher:
         pool = PoolIdentity(self.driver, self.node, self.node_uid)
         generations = {s["spec"]["pool"]["generation"] for s in existing.values()}
         current = max(generations, default=0)
-        desired = slices.build(self.inventory(), pool, current, self.api_version, self.taints())
+        # v1beta1 (1.32) has no device taints; where the server drops them (feature gate
+        # off) we stop sending them rather than rewriting the slice forever.
+        taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
+        desired = slices.build(self.inventory(), pool, current, self.api_version, taints)
         want = _partition(desired)
         have = _partition(existing.values())
         # What we last published, if this process published: then an external edit or
@@ -165,12 +170,20 @@ class Publisher:
     def _put(self, obj: dict, have: dict | None) -> int:
         name = obj["metadata"]["name"]
         if have is None:
-            self.kube.request("POST", self._base(), body=obj)
+            stored = self.kube.request("POST", self._base(), body=obj)
             self.log.debug("slice_created", slice=name)
         else:
             obj["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
-            self.kube.request("PUT", f"{self._base()}/{name}", body=obj)
+            stored = self.kube.request("PUT", f"{self._base()}/{name}", body=obj)
             self.log.debug("slice_updated", slice=name)
+        sent = any(d.get("taints") for d in obj["spec"]["devices"])
+        kept = any(d.get("taints") for d in (stored or {}).get("spec", {}).get("devices", []))
+        if sent and not kept and self.taints_supported:
+            self.taints_supported = False
+            self.log.warning("device_taints_unsupported",
+                             hint="enable the DRADeviceTaints feature gate to publish unhealthy devices as taints")
+        if self.metrics is not None:
+            self.metrics.publish_writes.inc()
         return 1
 
     def _delete(self, name: str) -> int:
@@ -179,6 +192,8 @@ class Publisher:
         except NotFound:
             return 0
         self.log.debug("slice_deleted", slice=name)
+        if self.metrics is not None:
+            self.metrics.publish_writes.inc()
         return 1
 
     def delete_all(self) -> int:
@@ -202,6 +217,8 @@ class Publisher:
                 except ApiError as err:
                     failures += 1
                     self.stats.failures += 1
+                    if self.metrics is not None:
+                        self.metrics.publish_failures.inc()
                     delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
                     delay *= self._rng.uniform(0.5, 1.0)  # jitter: nodes must not retry in step
                     self.log.warning("publish_failed", error=str(err), retry_in=round(delay, 2),

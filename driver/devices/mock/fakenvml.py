@@ -52,6 +52,15 @@ class _Handle:
     mig: int | None = None
 
 
+@dataclass
+class _EventSet:
+    gpus: set[int] = field(default_factory=set)
+    freed: bool = False
+
+
+NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
+
+
 class FakeNvml:
     def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int) -> None:
         self.gpus = gpus
@@ -59,11 +68,13 @@ class FakeNvml:
         self.cuda = cuda
         self._lock = threading.Lock()
         self._refs = 0
+        self._events: list[SimpleNamespace] = []
+        self._event_ready = threading.Condition()
 
     def __getattr__(self, name: str) -> Any:
         # Constants and exception classes come from the real binding; functions do not, so
         # a call the fake lacks fails loudly instead of reaching a real library.
-        if name.startswith("NVML") and not name.startswith("nvml"):
+        if name.startswith("NVML") or name.startswith("nvmlEventType"):
             return getattr(pynvml, name)
         raise AttributeError(f"fake NVML does not implement {name}")
 
@@ -196,3 +207,52 @@ class FakeNvml:
             computeInstanceSliceCount=mig.slices,
             memorySizeMB=mig.memory_bytes >> 20,
         )
+
+    # -- events (health) -------------------------------------------------------------------
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:
+        self._check()
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                if gpu.lost:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+                return _Handle(gpu.index)
+            for k, mig in enumerate(gpu.migs):
+                if mig.uuid == uuid:
+                    return _Handle(gpu.index, k)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._check()
+        return _EventSet()
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
+        self._gpu(handle)
+        if not event_types & pynvml.nvmlEventTypeXidCriticalError:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        event_set.gpus.add(handle.gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> SimpleNamespace:
+        deadline = timeout_ms / 1000.0
+        with self._event_ready:
+            self._event_ready.wait_for(
+                lambda: any(e.gpu in event_set.gpus for e in self._events), timeout=deadline)
+            for i, event in enumerate(self._events):
+                if event.gpu in event_set.gpus:
+                    del self._events[i]
+                    return event.data
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        event_set.freed = True
+
+    def inject_xid(self, index: int, xid: int, gpu_instance: int | None = None,
+                   compute_instance: int | None = None) -> None:
+        """Mock mode: queue an XID critical error event as the driver would report it."""
+        data = SimpleNamespace(
+            device=_Handle(index), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
+            gpuInstanceId=NO_INSTANCE if gpu_instance is None else gpu_instance,
+            computeInstanceId=NO_INSTANCE if compute_instance is None else compute_instance,
+        )
+        with self._event_ready:
+            self._events.append(SimpleNamespace(gpu=index, data=data))
+            self._event_ready.notify_all()

@@ -1,0 +1,271 @@
+"""Device health: what is wrong with which device, from NVML events and sysfs probes.
+
+Every condition names a reason (`gpu-xid`, `gpu-lost`, `link-down`, `device-removed`).
+A device with any condition is UNHEALTHY; it gets a NoSchedule taint `<driver>/<reason>`
+in its ResourceSlice and UNHEALTHY on the kubelet's health stream, and both clear when
+the condition does. Sources run in threads; consumers are told through callbacks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+
+from driver.devices.model import Device, DeviceKind, Inventory
+
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})  # application errors, not the GPU
+NO_INSTANCE = 0xFFFFFFFF
+MESSAGE_MAX = 1024
+
+
+@dataclass(frozen=True)
+class Condition:
+    reason: str
+    value: str  # taint value: the XID number, the interface...
+    message: str
+    since: float  # unix seconds
+
+
+class HealthState:
+    def __init__(self, driver: str, inventory: Callable[[], Inventory]) -> None:
+        self.driver = driver
+        self.inventory = inventory
+        self._conditions: dict[str, dict[str, Condition]] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self.log = structlog.get_logger(component="health")
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+        return lambda: self._unsubscribe(listener)
+
+    def _unsubscribe(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def set(self, device: str, reason: str, value: str, message: str) -> bool:
+        with self._lock:
+            current = self._conditions.setdefault(device, {})
+            old = current.get(reason)
+            if old is not None and old.value == value:
+                return False
+            current[reason] = Condition(reason, value, message[:MESSAGE_MAX], time.time())
+        self.log.warning("device_unhealthy", device=device, reason=reason, value=value, detail=message)
+        self._changed()
+        return True
+
+    def clear(self, device: str, reason: str) -> bool:
+        with self._lock:
+            current = self._conditions.get(device, {})
+            if current.pop(reason, None) is None:
+                return False
+            if not current:
+                self._conditions.pop(device, None)
+        self.log.info("device_recovered", device=device, reason=reason)
+        self._changed()
+        return True
+
+    def conditions(self, device: str) -> dict[str, Condition]:
+        with self._lock:
+            return dict(self._conditions.get(device, {}))
+
+    def healthy(self, device: str) -> bool:
+        return not self.conditions(device)
+
+    def taints(self) -> dict[str, list[dict]]:
+        """Slice taints per device; timeAdded is when the condition began, so a republish
+        of an unchanged condition writes nothing."""
+        with self._lock:
+            items = {d: dict(c) for d, c in self._conditions.items()}
+        out = {}
+        for device, conditions in items.items():
+            out[device] = [
+                {"key": f"{self.driver}/{c.reason}", "value": _label_value(c.value),
+                 "effect": "NoSchedule",
+                 "timeAdded": datetime.fromtimestamp(int(c.since), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                for c in sorted(conditions.values(), key=lambda c: c.reason)
+            ][:4]  # the API allows 4 taints per device before 1.35
+        return out
+
+    def summary(self) -> dict[tuple[str, str], int]:
+        """(kind, HEALTHY|UNHEALTHY) -> count, for metrics."""
+        counts: dict[tuple[str, str], int] = {}
+        for device in self.inventory().devices:
+            key = (device.kind.value, "HEALTHY" if self.healthy(device.name) else "UNHEALTHY")
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def forget_missing(self) -> None:
+        """Drop conditions of devices no longer in the inventory (unplugged, rediscovered)."""
+        names = {d.name for d in self.inventory().devices}
+        with self._lock:
+            gone = [d for d in self._conditions if d not in names]
+            for device in gone:
+                del self._conditions[device]
+        if gone:
+            self._changed()
+
+
+def _label_value(value: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:63].strip("-_.")
+    return cleaned
+
+
+class XidWatcher:
+    """NVML XID critical-error events -> gpu-xid conditions (MIG-attributed where NVML says)."""
+
+    def __init__(self, nvml: Any, state: HealthState, ignored: frozenset[int]) -> None:
+        self.nvml = nvml
+        self.state = state
+        self.ignored = ignored
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.log = structlog.get_logger(component="health")
+        self.ready = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception as err:  # never a silent end of health reporting
+            self.log.error("xid_watcher_crashed", error=repr(err))
+        finally:
+            self.ready.set()
+
+    def _watch(self) -> None:
+        nv = self.nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as err:
+            self.log.info("xid_events_unavailable", reason=str(err))
+            self.ready.set()
+            return
+        try:
+            event_set = nv.nvmlEventSetCreate()
+            bus_ids: dict[Any, str] = {}
+            for index in range(nv.nvmlDeviceGetCount()):
+                try:
+                    handle = nv.nvmlDeviceGetHandleByIndex(index)
+                    nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                    raw = nv.nvmlDeviceGetPciInfo(handle).busId
+                    raw = raw.decode() if isinstance(raw, bytes) else raw
+                    bus_ids[handle] = raw.lower()[-12:]
+                except nv.NVMLError as err:
+                    self.log.warning("xid_register_failed", gpu_index=index, error=str(err))
+            self.ready.set()
+            while not self._stop.is_set():
+                try:
+                    data = nv.nvmlEventSetWait_v2(event_set, 500)
+                except nv.NVMLError_Timeout:
+                    continue
+                except nv.NVMLError as err:
+                    self.log.warning("xid_wait_failed", error=str(err))
+                    self._stop.wait(1)
+                    continue
+                self.handle(bus_ids.get(data.device), data)
+            nv.nvmlEventSetFree(event_set)
+        finally:
+            self.ready.set()
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
+    def handle(self, bus_id: str | None, data: Any) -> None:
+        xid = int(data.eventData)
+        if bus_id is None:
+            return
+        if xid in self.ignored:
+            self.log.info("xid_ignored", xid=xid, pci_bus_id=bus_id)
+            return
+        targets = [d for d in self.state.inventory().devices if d.pci and d.pci.bus_id == bus_id
+                   and d.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        if gi != NO_INSTANCE:
+            attributed = [d for d in targets if d.kind is DeviceKind.MIG
+                          and d.attributes.get("gpuInstanceID") == gi
+                          and (ci == NO_INSTANCE or d.attributes.get("computeInstanceID") == ci)]
+            targets = attributed or targets
+        for device in targets:
+            self.state.set(device.name, "gpu-xid", str(xid), f"NVML reported critical XID {xid}")
+
+
+@dataclass
+class Prober:
+    """Periodic checks: GPU lost, NIC link, device gone from sysfs/dev; XID recovery."""
+
+    state: HealthState
+    sysfs: Path
+    dev: Path
+    nvml: Any | None
+    xid_recovery_seconds: float = 0.0  # 0: an XID taint stays until the driver restarts
+
+    def probe(self) -> None:
+        self.state.forget_missing()
+        nvml_up = False
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlInit()
+                nvml_up = True
+            except self.nvml.NVMLError:
+                pass
+        try:
+            for device in self.state.inventory().devices:
+                self._probe(device, nvml_up)
+        finally:
+            if nvml_up:
+                self.nvml.nvmlShutdown()
+
+    def _probe(self, device: Device, nvml_up: bool) -> None:
+        name = device.name
+        present = device.pci is None or (self.sysfs / "bus" / "pci" / "devices" / device.pci.bus_id).exists()
+        nodes_ok = all((self.dev / n.removeprefix("/dev/")).exists() for n in device.device_nodes)
+        if not present or not nodes_ok:
+            self.state.set(name, "device-removed", "gone",
+                           f"{'PCI function' if not present else 'device node'} disappeared")
+            return
+        self.state.clear(name, "device-removed")
+        if device.kind is DeviceKind.NIC and device.net_interface:
+            operstate = self.sysfs / "class" / "net" / device.net_interface / "operstate"
+            try:
+                state = operstate.read_text().strip()
+            except OSError:
+                state = "missing"
+            if state in ("down", "lowerlayerdown", "missing"):
+                self.state.set(name, "link-down", device.net_interface,
+                               f"interface {device.net_interface} is {state}")
+            else:
+                self.state.clear(name, "link-down")
+        if device.kind in (DeviceKind.GPU, DeviceKind.MIG) and nvml_up:
+            uuid = str(device.attributes.get("uuid", ""))
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByUUID(uuid)
+                self.nvml.nvmlDeviceGetMemoryInfo(handle)
+                self.state.clear(name, "gpu-lost")
+            except self.nvml.NVMLError_GpuIsLost:
+                self.state.set(name, "gpu-lost", "lost", "NVML: GPU has fallen off the bus")
+            except self.nvml.NVMLError:
+                pass  # other NVML errors say nothing about this device's health
+            xid = self.state.conditions(name).get("gpu-xid")
+            if xid and self.xid_recovery_seconds and time.time() - xid.since >= self.xid_recovery_seconds:
+                self.state.clear(name, "gpu-xid")

@@ -1,0 +1,62 @@
+"""The kubelet's DRAResourceHealth stream (v1alpha1): the full device list on every
+change and periodically, so pods see allocatedResourcesStatus."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from driver._proto.health.v1alpha1 import api_pb2 as pb2
+from driver._proto.health.v1alpha1 import api_pb2_grpc as pb2_grpc
+from driver.health import HealthState
+
+SERVICE_NAME = "v1alpha1.DRAResourceHealth"
+RESEND_SECONDS = 30.0
+# Devices not refreshed within this become UNKNOWN in the kubelet: twice the resend period.
+TIMEOUT_SECONDS = 60
+
+
+class HealthService(pb2_grpc.DRAResourceHealthServicer):
+    def __init__(self, state: HealthState, pool: str, resend_seconds: float = RESEND_SECONDS) -> None:
+        self.state = state
+        self.pool = pool
+        self.resend_seconds = resend_seconds
+        self.log = structlog.get_logger(component="health-stream")
+
+    def snapshot(self) -> pb2.NodeWatchResourcesResponse:
+        now = int(time.time())
+        response = pb2.NodeWatchResourcesResponse()
+        for device in self.state.inventory().devices:
+            conditions = self.state.conditions(device.name)
+            message = "; ".join(f"{c.reason}: {c.message}" for c in conditions.values())
+            response.devices.add(
+                device=pb2.DeviceIdentifier(pool_name=self.pool, device_name=device.name),
+                health=pb2.UNHEALTHY if conditions else pb2.HEALTHY,
+                last_updated_time=now,
+                health_check_timeout_seconds=TIMEOUT_SECONDS,
+                message=message[:1024],
+            )
+        return response
+
+    async def NodeWatchResources(self, request, context):
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        unsubscribe = self.state.subscribe(lambda: loop.call_soon_threadsafe(changed.set))
+        self.log.info("health_stream_opened")
+        try:
+            while True:
+                yield self.snapshot()
+                try:
+                    await asyncio.wait_for(changed.wait(), self.resend_seconds)
+                except asyncio.TimeoutError:
+                    pass
+                changed.clear()
+        finally:
+            unsubscribe()
+            self.log.info("health_stream_closed")
+
+
+def add_to_server(server, service: HealthService) -> None:
+    pb2_grpc.add_DRAResourceHealthServicer_to_server(service, server)

@@ -1,0 +1,61 @@
+"""Prometheus metrics, in a registry of the plugin's own (no process-global state).
+
+Counters and histograms are updated where things happen; gauges that mirror state
+(prepared claims, published devices, device health) are read at scrape time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from driver import __version__
+
+PREFIX = "dra_driver"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class _StateCollector(Collector):
+    def __init__(self, prepared: Callable[[], int], devices: Callable[[], dict[str, int]],
+                 health: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self.prepared = prepared
+        self.devices = devices
+        self.health = health
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily(f"{PREFIX}_prepared_claims", "Claims prepared on this node",
+                                value=self.prepared())
+        published = GaugeMetricFamily(f"{PREFIX}_published_devices",
+                                      "Devices in this node's ResourceSlices", labels=["kind"])
+        for kind, count in sorted(self.devices().items()):
+            published.add_metric([kind], count)
+        yield published
+        health = GaugeMetricFamily(f"{PREFIX}_device_health", "Devices by kind and health",
+                                   labels=["kind", "status"])
+        for (kind, status), count in sorted(self.health().items()):
+            health.add_metric([kind, status], count)
+        yield health
+
+
+class Metrics:
+    def __init__(self, driver: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(f"{PREFIX}_requests", "Kubelet DRA requests",
+                                ["method", "api"], registry=self.registry)
+        self.claim_errors = Counter(f"{PREFIX}_claim_errors", "Claims that failed to (un)prepare",
+                                    ["method", "api"], registry=self.registry)
+        self.latency = Histogram(f"{PREFIX}_request_duration_seconds", "Kubelet DRA request latency",
+                                 ["method", "api"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.publish_writes = Counter(f"{PREFIX}_publish_writes", "ResourceSlice writes",
+                                      registry=self.registry)
+        self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Failed reconcile passes",
+                                        registry=self.registry)
+        info = Gauge(f"{PREFIX}_build_info", "Build information", ["version", "driver"],
+                     registry=self.registry)
+        info.labels(__version__, driver).set(1)
+
+    def watch_state(self, prepared, devices, health) -> None:
+        self.registry.register(_StateCollector(prepared, devices, health))
