@@ -32,11 +32,17 @@ def parser() -> argparse.ArgumentParser:
     add_arguments(run)
     clean = commands.add_parser("cleanup", help="delete this node's ResourceSlices on purpose")
     add_arguments(clean)
+    demo = commands.add_parser("demo", help="run the driver end to end locally on mock devices")
+    demo.add_argument("--profile", default="mixed", help="mock profile for the demo node")
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "demo":
+        from driver import demo
+
+        return demo.main(args.profile)
     try:
         config = build(args)
     except ConfigError as err:

@@ -12,8 +12,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.apiserver import ApiServer
-from tests.fakekubelet import FakeKubelet
+from driver.sim.apiserver import ApiServer
+from driver.sim.kubelet import FakeKubelet
 
 DRIVER = "accel.dra.io"
 

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 
 from driver.config import add_arguments, build
 from driver.plugin import Plugin
-from tests.apiserver import ApiServer
+from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs
 
 

@@ -8,7 +8,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.apiserver import ApiServer
+from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
 from tests.test_crash_safety import assert_consistent
 from tests.test_plugin_integration import GPU, GPU2, NIC, VF, new_claim, result, spec_files
@@ -101,7 +101,7 @@ def test_two_instances_serve_side_by_side_and_remove_only_their_sockets():
             time.sleep(0.05)
         sockets = sorted(p.name for p in dirs.registry.glob("*.sock"))
         assert sockets == sorted([f"{DRIVER}-{old_uid}-reg.sock", f"{DRIVER}-{new_uid}-reg.sock"])
-        from tests.fakekubelet import FakeKubelet
+        from driver.sim.kubelet import FakeKubelet
 
         new_kubelet = FakeKubelet(dirs.registry)
         new_kubelet.wait_for_socket = lambda timeout=20: dirs.registry / f"{DRIVER}-{new_uid}-reg.sock"

@@ -11,10 +11,10 @@ import uuid
 import grpc
 
 from driver.checkpoint import ClaimRecord, PreparedDevice, State
-from tests.apiserver import ApiServer, Fault, claim_allocated
+from driver.sim.apiserver import ApiServer, Fault, claim_allocated
 from tests.cdi_check import check_spec
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
-from tests.fakekubelet import Claim
+from driver.sim.kubelet import Claim
 from tests.test_plugin_integration import GPU, GPU2, NIC, new_claim, record_files, result, spec_files
 
 

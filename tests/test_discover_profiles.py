@@ -17,7 +17,7 @@ from driver.devices import mock
 from driver.devices.discovery import Sources, discover
 from driver.devices.model import PCIE_ROOT, DeviceKind, Version
 from tests.conftest import discover_profile
-from tests.k8s_limits import slice_errors
+from driver.sim.k8s_limits import slice_errors
 
 K8S_VERSIONS = ("1.34.0", "1.37.0")  # first and newest with resource.k8s.io/v1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.apiserver import ApiServer
+from driver.sim.apiserver import ApiServer
 from tests.driverproc import DriverDirs, DriverProcess
 from tests.test_plugin_integration import GPU, NIC, new_claim
 

@@ -15,9 +15,9 @@ import pytest
 
 from driver._proto.health.v1alpha1 import api_pb2 as hpb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as hgrpc
-from tests.apiserver import ApiServer, claim_allocated
+from driver.sim.apiserver import ApiServer, claim_allocated
 from tests.driverproc import DRIVER, DriverDirs
-from tests.fakekubelet import Claim, FakeKubelet
+from driver.sim.kubelet import Claim, FakeKubelet
 from tests.inprocess import InProcessPlugin
 
 GPU0, GPU1, NIC = "gpu-0000-11-00-0", "gpu-0000-21-00-0", "nic-0000-12-00-0"

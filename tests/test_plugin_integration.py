@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.apiserver import ApiServer, claim_allocated
+from driver.sim.apiserver import ApiServer, claim_allocated
 from tests.cdi_check import check_spec
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
-from tests.fakekubelet import Claim
+from driver.sim.kubelet import Claim
 
 GPU = "gpu-0000-11-00-0"
 GPU2 = "gpu-0000-21-00-0"
@@ -251,7 +251,7 @@ def test_run_publishes_slices_and_keeps_them_on_shutdown(env):
 
 def test_prepare_works_while_the_api_server_fails_slice_writes(env):
     api, driver, kubelet, dirs = env
-    from tests.apiserver import Fault
+    from driver.sim.apiserver import Fault
 
     api.inject(Fault("*", "resourceslices", status=503, times=10_000))
     claim = new_claim(api, "during-outage", [result("gpu", GPU)])

@@ -17,9 +17,9 @@ from driver.devices.discovery import Sources, discover
 from driver.hotplug import Rediscovery
 from driver.kube import Kube, api_client
 from driver.publisher import Publisher
-from tests.apiserver import ApiServer, Fault
+from driver.sim.apiserver import ApiServer, Fault
 from tests.conftest import discover_profile
-from tests.k8s_limits import slice_errors
+from driver.sim.k8s_limits import slice_errors
 
 DRIVER = "accel.dra.io"
 NODE = "node-a"

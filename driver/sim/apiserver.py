@@ -3,7 +3,7 @@
 It serves resource.k8s.io discovery, ResourceClaims (GET), ResourceSlices (list with field
 selectors, get, create, update, delete, watch) and Nodes over real HTTP, so the driver's
 `kubernetes` client code path runs unchanged. Like the real server it validates slices
-(tests/k8s_limits.py), enforces resourceVersion on updates (409), and disables Nagle.
+(driver/sim/k8s_limits.py), enforces resourceVersion on updates (409), and disables Nagle.
 Tests can inject faults (status codes, delays) and read write counters.
 """
 
@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from tests.k8s_limits import slice_errors
+from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
 
@@ -44,6 +44,7 @@ class State:
     faults: list[Fault] = field(default_factory=list)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (verb, slice name)
     requests: int = 0
+    access: set = field(default_factory=set)  # (verb, apiGroup, resource): what RBAC must allow
     watchers: list = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
@@ -230,6 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in self.state.versions]
             return self._send(200, {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
                                     "versions": versions, "preferredVersion": versions[0]})
+        self._record(method, url.path, query)
         if m := _NODE.match(url.path):
             node = self.state.nodes.get(m.group(1))
             return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
@@ -249,6 +251,23 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._status(404, "version not served", "NotFound")
             return self._slices(method, version, name, query, body)
         self._status(404, f"no route for {method} {url.path}", "NotFound")
+
+    def _record(self, method: str, path: str, query: dict) -> None:
+        if _NODE.match(path):
+            access = ("get" if method == "GET" else method.lower(), "", "nodes")
+        elif _CLAIM.match(path):
+            access = ({"GET": "get", "PUT": "update", "DELETE": "delete"}.get(method, method), GROUP, "resourceclaims")
+        elif m := _SLICES.match(path):
+            named = m.group(2) is not None
+            if method == "GET":
+                verb = "get" if named else ("watch" if query.get("watch") in ("1", "true") else "list")
+            else:
+                verb = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}[method]
+            access = (verb, GROUP, "resourceslices")
+        else:
+            return  # discovery: non-resource URLs every authenticated user may read
+        with self.state.lock:
+            self.state.access.add(access)
 
     # -- slices ----------------------------------------------------------------------------
     def _selected(self, obj: dict, query: dict) -> bool:

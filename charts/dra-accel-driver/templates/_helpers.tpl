@@ -1,0 +1,36 @@
+{{- define "dra.fullname" -}}
+{{- printf "%s" (.Release.Name | trunc 50 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "dra.labels" -}}
+app.kubernetes.io/name: dra-accel-driver
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "dra.selectorLabels" -}}
+app.kubernetes.io/name: dra-accel-driver
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dra.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dra.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The newest resource.k8s.io version the cluster serves, unless set explicitly. */}}
+{{- define "dra.resourceApiVersion" -}}
+{{- if .Values.deviceClasses.apiVersion -}}
+{{- .Values.deviceClasses.apiVersion -}}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass" -}}
+resource.k8s.io/v1
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2/DeviceClass" -}}
+resource.k8s.io/v1beta2
+{{- else -}}
+resource.k8s.io/v1beta1
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,153 @@
+"""The Helm chart rendered by Helm's own engine (helm-python-sdk), validated with the
+strict Kubernetes schemas; RBAC compared with the API calls the driver really makes."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from driver.devices.model import DeviceKind
+from driver.sim.apiserver import ApiServer, claim_allocated
+from driver.sim.cel import matches
+from tests.conftest import REPO, discover_profile
+
+CHART = REPO / "charts" / "dra-accel-driver"
+DRIVER = "accel.dra.io"
+
+
+def render(values: dict | None = None) -> list[dict]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values or {}, name="dra", namespace="dra-system", is_install=True)
+    objects = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        objects += [d for d in yaml.safe_load_all(text) if d]
+    return objects
+
+
+def by_kind(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def validate_all(objects):
+    for obj in objects:
+        version = "1.32.0" if obj["apiVersion"].endswith("v1beta1") and obj["kind"] == "DeviceClass" else "1.34.0"
+        kubernetes_validate.validate(obj, version, strict=True)
+        if obj["apiVersion"] != "resource.k8s.io/v1beta1":
+            kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def container(objects):
+    (ds,) = by_kind(objects, "DaemonSet")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    return ds, c, {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_default_render_is_valid():
+    objects = render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}})
+    validate_all(objects)
+    assert sorted(o["kind"] for o in objects) == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
+    ds, c, env = container(objects)
+    assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}, "seamless upgrade by default"
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "MOCK_PROFILE" not in env
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
+    # Every env var the chart sets is an option the driver knows.
+    from driver.config import OPTIONS
+
+    known = {o.env for o in OPTIONS} | {"LD_LIBRARY_PATH"}
+    assert set(env) <= known, set(env) - known
+
+
+def test_mock_mode_and_older_kubelets():
+    objects = render({"mock": {"enabled": True, "profile": "h100x8"},
+                      "kubelet": {"seamlessUpgrade": False, "rootDir": "/var/lib/k0s/kubelet"}})
+    validate_all(objects)
+    ds, c, env = container(objects)
+    assert env["MOCK_PROFILE"] == "h100x8" and "POD_UID" not in env
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert env["KUBELET_PLUGINS_DIR"] == "/var/lib/k0s/kubelet/plugins"
+    assert env["STATE_DIR"] == f"/var/lib/k0s/kubelet/plugins/{DRIVER}"
+    assert "driver-root" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize("api_version", ["resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"])
+def test_device_class_api_version(api_version):
+    classes = by_kind(render({"deviceClasses": {"apiVersion": api_version}}), "DeviceClass")
+    assert {c["apiVersion"] for c in classes} == {api_version}
+    for c in classes:
+        kubernetes_validate.validate(c, "1.33.0" if api_version.endswith("beta2") else
+                                     "1.32.0" if api_version.endswith("beta1") else "1.34.0", strict=True)
+
+
+def test_values_schema_rejects_bad_values():
+    chart = helm.Chart.load(str(CHART))
+    for bad in ({"driverName": "Bad_Name"}, {"cdiRoot": "relative"}, {"logging": {"format": "xml"}},
+                {"typo": 1}):
+        with pytest.raises(helm.HelmError):
+            chart.render(bad, name="dra", namespace="x")
+
+
+def test_device_classes_select_exactly_their_kind(built):
+    classes = {c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"]
+               for c in by_kind(render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}}), "DeviceClass")}
+    assert set(classes) == {f"{k}.{DRIVER}" for k in ("gpu", "mig", "fpga", "nic")}
+    from driver.deviceclasses import all_classes
+
+    assert {k: [v] for k, v in classes.items()} == all_classes(DRIVER), "demo and chart agree"
+    devices = [d for p in ("mixed", "a100-mig") for d in built(p)[1].inventory.devices]
+    for name, expression in classes.items():
+        kind = DeviceKind(name.split(".")[0])
+        selected = {d.name for d in devices if matches(expression, d, DRIVER)}
+        assert selected == {d.name for d in devices if d.kind is kind}, name
+        assert not any(matches(expression, d, "other.example.com") for d in devices[:3])
+
+
+def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
+    """Run the publisher (list, watch, writes, self-heal, cleanup) and prepare against the
+    emulator, record every (verb, group, resource), compare with the ClusterRole."""
+    from driver import cli
+    from driver.claims import ClaimReader, ClaimRef
+    from driver.kube import Kube, api_client
+    from driver.publisher import Publisher
+    from tests.test_publisher import Holder, Running
+
+    (role,) = by_kind(render(), "ClusterRole")
+    allowed = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    _, result = discover_profile("mixed", tmp_path / "m")
+    with ApiServer() as api:
+        api.add_node("node-a")
+        kube = Kube(api_client(api.kubeconfig(tmp_path)))
+        holder = Holder(result.inventory)
+        publisher = Publisher(kube, DRIVER, "node-a", inventory=lambda: holder.inventory)
+        with Running(publisher.run):
+            assert api.wait_for(lambda: len(api.state.slices) == 3)
+            time.sleep(0.3)
+            api.delete_slice(f"node-a-{DRIVER}-gpu-0")
+            assert api.wait_for(lambda: len(api.state.slices) == 3)
+            from driver.devices.model import Inventory
+
+            holder.inventory = Inventory(tuple(d for d in result.inventory.devices if d.kind is not DeviceKind.FPGA))
+            publisher.trigger()
+            assert api.wait_for(lambda: len(api.state.slices) == 2)
+        uid = str(uuid.uuid4())
+        api.put_claim(claim_allocated("default", "c", uid, []))
+        ClaimReader(kube).get(ClaimRef("default", "c", uid))
+        assert cli.main(["cleanup", "--node-name", "node-a", "--kubeconfig", str(api.kubeconfig(tmp_path))]) == 0
+        used = set(api.state.access)
+    assert used == allowed, f"unused grants: {allowed - used}; missing grants: {used - allowed}"

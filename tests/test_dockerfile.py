@@ -1,0 +1,53 @@
+"""The Dockerfile cannot be built here (no container engine): check what can be checked."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from driver.cli import parser
+from tests.conftest import REPO
+
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def instructions(name: str) -> list[str]:
+    return [line.split(None, 1)[1] for line in DOCKERFILE.splitlines() if line.startswith(name + " ")]
+
+
+def test_copied_files_exist():
+    for args in instructions("COPY"):
+        if args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for source in sources:
+            assert (REPO / source).exists(), source
+
+
+def test_base_image_is_pinned():
+    (arg,) = [a for a in instructions("ARG") if a.startswith("PYTHON_IMAGE=")]
+    assert re.fullmatch(r"PYTHON_IMAGE=python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", arg)
+
+
+def test_entrypoint_matches_the_cli():
+    import json
+
+    (entrypoint,) = [json.loads(a) for a in instructions("ENTRYPOINT")]
+    (cmd,) = [json.loads(a) for a in instructions("CMD")]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert entrypoint == ["dra-driver"] and "dra-driver" in project["scripts"]
+    args = parser().parse_args(cmd)
+    assert args.command == "run"
+
+
+def test_lock_pins_every_runtime_dependency():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{line}: not pinned exactly"
+            pins[name.lower().replace("_", "-")] = version
+    for dependency in project["dependencies"]:
+        name = re.split(r"[<>=!~ ;\[]", dependency, 1)[0].lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in requirements.lock"
