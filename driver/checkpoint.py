@@ -23,8 +23,8 @@ class CheckpointError(Exception):
 
 
 class State(str, Enum):
-    # Started is written before the CDI spec, so that a crash in between leaves a record
-    # that unprepare (or a repeated prepare) knows to clean up.
+    # Only Completed is written now (see driver/prepare.py); Started is still understood
+    # as "not prepared" so that a record from an older version is redone, not trusted.
     PREPARE_STARTED = "PrepareStarted"
     PREPARE_COMPLETED = "PrepareCompleted"
 
@@ -52,7 +52,7 @@ class ClaimRecord:
         data = asdict(self)
         data["state"] = self.state.value
         data["version"] = FORMAT_VERSION
-        return json.dumps(data, sort_keys=True, indent=1).encode()
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, source: Path) -> "ClaimRecord":

@@ -50,8 +50,12 @@ class ProcessLock:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
                 try:
-                    # Blocks while another driver process holds it: wait in a thread.
-                    await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                    try:
+                        # Usually free: take it without leaving the loop.
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        # Another driver process holds it: wait in a thread.
+                        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
                 except BaseException:
                     os.close(fd)
                     raise

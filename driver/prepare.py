@@ -4,10 +4,13 @@ Per claim, in order, all checks before any write:
   checkpoint says prepared (same boot, spec present) -> same answer, nothing written
   checkpoint says prepared (reboot or spec gone)     -> spec rebuilt from current hardware
   otherwise: GET claim, check UID and allocation, pick this driver's results for this
-  node's pool, resolve devices, decode configs, build the spec -> record PrepareStarted ->
-  write spec -> record PrepareCompleted.
-A crash at any point leaves either nothing, or a record that the next Prepare or
-Unprepare of that claim finishes or cleans up.
+  node's pool, resolve devices, decode configs, build the spec -> write the spec ->
+  record PrepareCompleted.
+The spec's file name is derived from the claim UID, so a crash between the two writes
+leaves a spec that the retried Prepare overwrites or Unprepare removes without needing a
+record; a record only ever describes a spec that was fully written. (An earlier design
+wrote a PrepareStarted record first: it cost two fsyncs per prepare and bought nothing
+the deterministic name does not; such records are still read as "not prepared".)
 """
 
 from __future__ import annotations
@@ -183,9 +186,6 @@ class Preparer:
                                           dev_root=self.dev_root)
             cdi_devices.append(CdiDevice(f"{ref.uid}-{device.name}", container_edits))
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
-        started = ClaimRecord(ref.uid, ref.namespace, ref.name, State.PREPARE_STARTED,
-                              self.boot_id, devices)
-        self.checkpoint.put(started)
         self.cdi.write(ref.uid, spec)
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name,
                                         State.PREPARE_COMPLETED, self.boot_id, devices))

@@ -13,7 +13,7 @@ from driver.devices.fpga import AlveoDiscovery, DflDiscovery
 from driver.devices.model import Device, Inventory
 from driver.devices.net import NicDiscovery, NicFilter
 from driver.devices.nvml import NvmlDiscovery
-from driver.devices.problems import DeviceError, Problems
+from driver.devices.problems import Problems
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,16 @@ def discover(sources: Sources) -> DiscoveryResult:
         devices += gpus.discover(problems)
         nvml_unavailable = gpus.unavailable
 
-    functions = []
-    for bdf in pci.list_functions(sources.sysfs):
-        try:
-            functions.append(pci.read_function(sources.sysfs, bdf))
-        except DeviceError as err:
-            # Only fatal for a device we would have published; Alveo grouping below works
-            # on what could be read, and NIC/DFL discovery report their own devices.
-            problems.note(bdf, str(err))
-    devices += AlveoDiscovery(sources.sysfs).discover(functions, problems)
+    # Every PCI function is read once here and shared: on a node with thousands of VFs,
+    # reading them again per subsystem doubled the cost of each rediscovery.
+    functions, unreadable = pci.read_all(sources.sysfs)
+    for bdf, error in unreadable.items():
+        # Only fatal for a device we would have published; NIC and DFL discovery report
+        # their own devices by name.
+        problems.note(bdf, error)
+    devices += AlveoDiscovery(sources.sysfs).discover(list(functions.values()), problems)
     devices += DflDiscovery(sources.sysfs).discover(problems)
-    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter)
+    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions)
     devices += nics.discover(problems)
     return DiscoveryResult(
         Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable

@@ -96,10 +96,12 @@ def default_route_interfaces(proc: Path) -> set[str]:
 
 
 class NicDiscovery:
-    def __init__(self, sysfs: Path, proc: Path, nic_filter: NicFilter) -> None:
+    def __init__(self, sysfs: Path, proc: Path, nic_filter: NicFilter,
+                 functions: dict[str, pci.PciFunction] | None = None) -> None:
         self.sysfs = sysfs
         self.proc = proc
         self.filter = nic_filter
+        self.functions = functions or {}  # already read by the caller
         self.excluded: list[tuple[str, str]] = []  # (interface, reason), for the caller's log
         self._vf_indices: dict[Path, dict[Path, int]] = {}  # PF path -> {VF path: index}
 
@@ -109,7 +111,8 @@ class NicDiscovery:
             interfaces = sorted(os.listdir(class_net))
         except OSError:
             return []
-        virtual = (self.sysfs / "devices" / "virtual").resolve()
+        devices_root = (self.sysfs / "devices").resolve()
+        virtual = devices_root / "virtual"
         by_function: dict[str, list[str]] = defaultdict(list)
         for ifname in interfaces:
             resolved = (class_net / ifname).resolve()
@@ -120,7 +123,7 @@ class NicDiscovery:
                 if device_link.is_symlink():
                     problems.skip(ifname, f"dangling device link {device_link}")
                 continue
-            bdf = pci.bdf_of(self.sysfs, device_link.resolve())
+            bdf = pci.bdf_of(self.sysfs, device_link.resolve(), devices_root)
             if bdf is None:
                 continue  # not PCI (USB, platform): nothing we can hand to a pod safely
             by_function[bdf].append(ifname)
@@ -130,11 +133,12 @@ class NicDiscovery:
         devices: list[Device] = []
         for bdf, ifnames in sorted(by_function.items()):
             try:
-                function = pci.read_function(self.sysfs, bdf)
+                function = self.functions.get(bdf) or pci.read_function(self.sysfs, bdf, devices_root)
             except DeviceError as err:
                 problems.skip(", ".join(ifnames), str(err))
                 continue
-            ports = sorted(ifnames, key=lambda n: (self._dev_port(n), n))
+            # dev_port only matters (and is only read) when one function has several netdevs.
+            ports = sorted(ifnames, key=lambda n: (self._dev_port(n), n)) if len(ifnames) > 1 else ifnames
             for ifname in ports:
                 reason = self.filter.reason_to_skip(ifname, function, default_route)
                 if reason:

@@ -28,8 +28,6 @@ class PciFunction:
     vendor: int
     device: int
     class_code: int  # 24-bit: base class, subclass, prog-if
-    subsystem_vendor: int | None
-    subsystem_device: int | None
     driver: str | None
     numa_node: int | None
     pcie_root: str | None
@@ -82,23 +80,24 @@ def list_functions(sysfs: Path) -> list[str]:
     return sorted(e for e in entries if BDF.match(e))
 
 
-def pcie_root_of(sysfs: Path, resolved: Path) -> str | None:
+def pcie_root_of(sysfs: Path, resolved: Path, devices_root: Path | None = None) -> str | None:
     """The root complex (`pci0000:00`) a resolved device path hangs under.
 
     It is the first component below /sys/devices; the root *port* (0000:00:01.5) further
-    down is not the root.
+    down is not the root. Pass `devices_root` (the resolved /sys/devices) when calling in
+    a loop: resolving it costs more than the rest.
     """
     try:
-        rel = resolved.relative_to((sysfs / "devices").resolve())
+        rel = resolved.relative_to(devices_root or (sysfs / "devices").resolve())
     except ValueError:
         return None
     first = rel.parts[0] if rel.parts else ""
     return first if first.startswith("pci") else None
 
 
-def bdf_of(sysfs: Path, path: Path) -> str | None:
+def bdf_of(sysfs: Path, path: Path, devices_root: Path | None = None) -> str | None:
     """Walk up from a resolved sysfs path (a netdev, an RDMA device) to its PCI function."""
-    devices = (sysfs / "devices").resolve()
+    devices = devices_root or (sysfs / "devices").resolve()
     current = path
     while current != devices and current != current.parent:
         if BDF.match(current.name):
@@ -107,7 +106,20 @@ def bdf_of(sysfs: Path, path: Path) -> str | None:
     return None
 
 
-def read_function(sysfs: Path, bdf: str) -> PciFunction:
+def read_all(sysfs: Path) -> tuple[dict[str, PciFunction], dict[str, str]]:
+    """Every PCI function sysfs lists, read once: (functions by address, errors by address)."""
+    devices_root = (sysfs / "devices").resolve()
+    functions: dict[str, PciFunction] = {}
+    errors: dict[str, str] = {}
+    for bdf in list_functions(sysfs):
+        try:
+            functions[bdf] = read_function(sysfs, bdf, devices_root)
+        except DeviceError as err:
+            errors[bdf] = str(err)
+    return functions, errors
+
+
+def read_function(sysfs: Path, bdf: str, devices_root: Path | None = None) -> PciFunction:
     link = sysfs / "bus" / "pci" / "devices" / bdf
     path = link.resolve()
     if not path.is_dir():
@@ -124,12 +136,10 @@ def read_function(sysfs: Path, bdf: str) -> PciFunction:
         vendor=vendor,
         device=device,
         class_code=class_code,
-        subsystem_vendor=read_int(path / "subsystem_vendor", 16),
-        subsystem_device=read_int(path / "subsystem_device", 16),
         driver=link_name(path / "driver"),
         # -1 means "no NUMA affinity known"; it must not become node 0.
         numa_node=numa if numa is not None and numa >= 0 else None,
-        pcie_root=pcie_root_of(sysfs, path),
+        pcie_root=pcie_root_of(sysfs, path, devices_root),
     )
 
 

@@ -1,0 +1,311 @@
+"""Benchmarks of the real driver process in mock mode, against the API server emulator and
+a fake kubelet. Prints median and p99 per figure, and ratios against the primitives the
+driver cannot avoid, measured in the same run on the same machine.
+
+    python -m bench [--runs 200] [--idle-seconds 30] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from driver import atomic, logs
+from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.kube import Kube, api_client
+from driver.sim.apiserver import ApiServer, claim_allocated
+from driver.sim.kubelet import Claim, FakeKubelet
+
+DRIVER = "accel.dra.io"
+NODE = "bench-node"
+GPU = "gpu-0000-11-00-0"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def latency(self, name: str, seconds: list[float], note: str = "") -> float:
+        median = statistics.median(seconds)
+        self.rows.append((name, f"{median * 1000:.3f} ms", f"{pct(seconds, 0.99) * 1000:.3f} ms", note))
+        return median
+
+    def value(self, name: str, value: str, note: str = "") -> None:
+        self.rows.append((name, value, "", note))
+
+    def print(self) -> None:
+        widths = [max(len(r[i]) for r in self.rows + [("figure", "median", "p99", "note")]) for i in range(4)]
+        header = ("figure", "median", "p99", "note")
+        for row in [header] + self.rows:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+class Driver:
+    def __init__(self, api: ApiServer, profile: str, extra: list[str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
+        self.api = api
+        self.args = [sys.executable, "-m", "driver", "run", "--node-name", NODE, "--driver-name", DRIVER,
+                     "--mock", profile, "--kubeconfig", str(api.kubeconfig(self.dir)),
+                     "--kubelet-registrar-dir", str(self.dir / "registry"),
+                     "--kubelet-plugins-dir", str(self.dir / "plugins"), "--cdi-root", str(self.dir / "cdi"),
+                     "--state-dir", str(self.dir / "state"), "--metrics-port", "0", "--healthz-port", "0",
+                     "--log-level", "warning", *(extra or [])]
+
+    def start(self) -> float:
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=open(self.dir / "log", "wb"))
+        self.started = started
+        return started
+
+    def kubelet(self) -> FakeKubelet:
+        kubelet = FakeKubelet(self.dir / "registry")
+        kubelet.register(timeout=60)
+        return kubelet
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+def new_claim(api: ApiServer, device: str = GPU) -> Claim:
+    uid = str(uuid.uuid4())
+    name = f"c-{uid[:8]}"
+    api.put_claim(claim_allocated("default", name, uid, [
+        {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]))
+    return Claim("default", name, uid)
+
+
+class _Echo(reg_grpc.RegistrationServicer):
+    def GetInfo(self, request, context):
+        return reg_pb2.PluginInfo()
+
+
+def baseline_grpc(runs: int, directory: Path) -> list[float]:
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    reg_grpc.add_RegistrationServicer_to_server(_Echo(), server)
+    sock = directory / "echo.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        stub.GetInfo(reg_pb2.InfoRequest())
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            stub.GetInfo(reg_pb2.InfoRequest())
+            times.append(time.perf_counter() - t)
+    server.stop(0)
+    return times
+
+
+def baseline_get(api: ApiServer, runs: int, directory: Path) -> list[float]:
+    kube = Kube(api_client(api.kubeconfig(directory)))
+    claim = new_claim(api)
+    path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{claim.name}"
+    kube.request("GET", path)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        kube.request("GET", path)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def baseline_write(runs: int, directory: Path) -> list[float]:
+    data = b"{" + b" " * 600 + b"}"
+    times = []
+    for i in range(runs):
+        t = time.perf_counter()
+        atomic.write(directory / f"w{i % 8}.json", data)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def wait(predicate, timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--quick", action="store_true", help="fewer runs, 5 s idle (smoke test)")
+    args = parser.parse_args()
+    logs.configure("console", "warning")
+    if args.quick:
+        args.runs, args.idle_seconds = 30, 5.0
+    runs = args.runs
+    table = Table()
+    scratch = Path(tempfile.mkdtemp(prefix="dra-bench-base-", dir="/tmp"))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{platform.platform()}; runs={runs}", flush=True)
+
+    with ApiServer() as api:
+        api.add_node(NODE)
+        # -- baselines ------------------------------------------------------------------------
+        grpc_base = table.latency("baseline: gRPC unary, unix socket", baseline_grpc(runs, scratch))
+        get_base = table.latency("baseline: claim GET (kubernetes client)", baseline_get(api, runs, scratch))
+        write_base = table.latency("baseline: atomic write+fsync+rename", baseline_write(runs, scratch))
+        # A prepare cannot do less than: one gRPC round trip, one GET, two durable writes
+        # (the CDI spec, then the checkpoint record).
+        floor = grpc_base + get_base + 2 * write_base
+        # An unprepare: one gRPC round trip, two durable removes (~ a write each).
+        unprep_floor = grpc_base + 2 * write_base
+
+        # -- start-up ---------------------------------------------------------------------------
+        driver = Driver(api, "mixed")
+        started = driver.start()
+        reg = driver.dir / "registry" / f"{DRIVER}-reg.sock"
+        wait(reg.exists, 60)
+        with grpc.insecure_channel(f"unix://{reg}") as channel:
+            grpc.channel_ready_future(channel).result(60)
+            reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=10)
+        table.value("start-up: process start -> GetInfo answered", f"{(time.perf_counter() - started) * 1000:.0f} ms")
+        kubelet = driver.kubelet()
+        wait(lambda: len(api.state.slices) == 3)
+        time.sleep(1.0)
+        table.value("memory: RSS after start", f"{driver.rss_mib():.1f} MiB")
+
+        # -- prepare / unprepare latency ------------------------------------------------------
+        prep, unprep = [], []
+        for _ in range(runs):
+            claim = new_claim(api)
+            t = time.perf_counter()
+            response = kubelet.prepare([claim])
+            prep.append(time.perf_counter() - t)
+            assert response.claims[claim.uid].error == "", response
+            t = time.perf_counter()
+            kubelet.unprepare([claim])
+            unprep.append(time.perf_counter() - t)
+        p = table.latency("prepare: 1 claim, 1 device (v1)", prep, f"floor {floor * 1000:.3f} ms")
+        u = table.latency("unprepare: 1 claim (v1)", unprep, f"floor {unprep_floor * 1000:.3f} ms")
+        table.value("prepare / floor (gRPC + GET + 2 writes)", f"{p / floor:.2f}x")
+        table.value("unprepare / floor (gRPC + 2 removes)", f"{u / unprep_floor:.2f}x")
+
+        # -- throughput ---------------------------------------------------------------------------
+        batch = [new_claim(api) for _ in range(256)]
+        t = time.perf_counter()
+        response = kubelet.prepare(batch, timeout=120)
+        elapsed = time.perf_counter() - t
+        assert all(not e.error for e in response.claims.values())
+        table.value("throughput: 256 claims in one request", f"{256 / elapsed:.0f} claims/s", f"{elapsed * 1000:.0f} ms")
+        kubelet.unprepare(batch, timeout=120)
+        singles = [new_claim(api) for _ in range(64)]
+        t = time.perf_counter()
+        with futures.ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(lambda c: kubelet.prepare([c]).claims[c.uid].error, singles))
+        elapsed = time.perf_counter() - t
+        assert not any(results)
+        table.value("throughput: 64 concurrent 1-claim requests", f"{64 / elapsed:.0f} claims/s", f"{elapsed * 1000:.0f} ms")
+        kubelet.unprepare(singles, timeout=120)
+
+        # -- scaling with prepared claims -----------------------------------------------------------
+        held = [new_claim(api) for _ in range(1000)]
+        for i in range(0, 1000, 100):
+            kubelet.prepare(held[i:i + 100], timeout=120)
+        scaled = []
+        for _ in range(runs):
+            claim = new_claim(api)
+            t = time.perf_counter()
+            kubelet.prepare([claim])
+            scaled.append(time.perf_counter() - t)
+            kubelet.unprepare([claim])
+        s = table.latency("prepare with 1,000 claims already prepared", scaled)
+        table.value("scaling: 1,000 prepared / 0 prepared", f"{s / p:.2f}x")
+        time.sleep(1.0)
+        table.value("memory: RSS with 1,000 prepared claims", f"{driver.rss_mib():.1f} MiB")
+        cpu0 = driver.cpu_seconds()
+        time.sleep(args.idle_seconds)
+        table.value(f"CPU during {args.idle_seconds:.0f} s idle", f"{driver.cpu_seconds() - cpu0:.2f} s")
+        kubelet.close()
+        driver.stop()
+
+    # -- where a large node's publish time goes (in-process) ------------------------------------
+    from driver.devices import mock
+    from driver.devices.discovery import Sources, discover
+    from driver.publisher import Publisher
+
+    t = time.perf_counter()
+    node = mock.build(mock.load("sriov-large"), scratch / "large")
+    table.value("sriov-large: write the mock sysfs tree", f"{(time.perf_counter() - t) * 1000:.0f} ms",
+                "mock-only cost, no real node pays it")
+    sources = Sources(node.sysfs, node.proc, node.nvml)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        result = discover(sources)
+        times.append(time.perf_counter() - t)
+    table.latency("sriov-large: discovery of 2,048 devices", times)
+    with ApiServer() as api:
+        api.add_node(NODE)
+        publisher = Publisher(Kube(api_client(api.kubeconfig(scratch))), DRIVER, NODE,
+                              inventory=lambda: result.inventory)
+        t = time.perf_counter()
+        writes = publisher.reconcile()
+        table.value("sriov-large: first reconcile (16 slices)", f"{(time.perf_counter() - t) * 1000:.0f} ms",
+                    f"{writes} writes")
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            assert publisher.reconcile() == 0
+            times.append(time.perf_counter() - t)
+        table.latency("sriov-large: no-change reconcile", times, "0 writes")
+
+    # -- publish -------------------------------------------------------------------------------
+    for profile, expected in (("mixed", 3), ("sriov-large", 16)):
+        with ApiServer() as api:
+            api.add_node(NODE)
+            driver = Driver(api, profile)
+            started = driver.start()
+            ok = wait(lambda: len(api.state.slices) == expected and
+                      sum(len(s["spec"]["devices"]) for s in api.state.slices.values()) > 0, 300)
+            elapsed = time.perf_counter() - started
+            devices = sum(len(s["spec"]["devices"]) for s in api.slices())
+            writes = len(api.writes())
+            table.value(f"publish {profile}: start -> all slices", f"{elapsed * 1000:.0f} ms" if ok else "timeout",
+                        f"{devices} devices, {expected} slices, {writes} writes")
+            api.reset_writes()
+            # A republish with no change: force reconciles via the watch (touch nothing) and a
+            # rediscovery; count writes.
+            time.sleep(2.0)
+            table.value(f"publish {profile}: writes when nothing changed", str(len(api.writes())))
+            driver.stop()
+    table.print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
