@@ -22,6 +22,7 @@ from driver.devices.model import Device, DeviceKind, Inventory
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})  # application errors, not the GPU
 NO_INSTANCE = 0xFFFFFFFF
 MESSAGE_MAX = 1024
+LOSS_REASONS = frozenset({"gpu-lost", "device-removed"})
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class HealthState:
         self._conditions: dict[str, dict[str, Condition]] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        # Called when a device is lost or gone, so rediscovery runs now instead of at the
+        # next periodic pass.
+        self.on_loss: Callable[[], None] | None = None
         self.log = structlog.get_logger(component="health")
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -64,6 +68,8 @@ class HealthState:
             current[reason] = Condition(reason, value, message[:MESSAGE_MAX], time.time())
         self.log.warning("device_unhealthy", device=device, reason=reason, value=value, detail=message)
         self._changed()
+        if reason in LOSS_REASONS and self.on_loss is not None:
+            self.on_loss()
         return True
 
     def clear(self, device: str, reason: str) -> bool:

@@ -108,6 +108,7 @@ class Plugin:
         rediscovery = Rediscovery(discover=lambda: discover(node.sources(config)),
                                   on_change=changed, current=result,
                                   interval=config.rediscover_interval)
+        health.on_loss = rediscovery.notify
         prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
         metrics.watch_state(
             prepared=lambda: len(checkpoint.uids()),

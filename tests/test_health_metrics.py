@@ -204,3 +204,16 @@ def test_probes_before_and_after_registration_and_with_a_blocked_loop():
             assert probe(port, "/livez") == 200
             kubelet.close()
     dirs.cleanup()
+
+
+def test_lost_gpu_is_tainted_and_triggers_rediscovery(running):
+    api, plugin, kubelet, stream = running
+    runs = plugin.plugin.rediscovery.runs
+    plugin.plugin.node.mock.nvml.gpus[1].lost = True
+    assert api.wait_for(lambda: GPU1 in taints(api) or GPU1 not in
+                        {d["name"] for s in api.slices() for d in s["spec"]["devices"]}, timeout=10)
+    # Rediscovery ran at once (not after the 60 s period) and dropped the lost GPU.
+    assert api.wait_for(lambda: GPU1 not in {d["name"] for s in api.slices() for d in s["spec"]["devices"]},
+                        timeout=10)
+    assert plugin.plugin.rediscovery.runs > runs
+    assert stream.wait(lambda s: GPU1 not in s and s[GPU0][0] == hpb2.HEALTHY)
