@@ -54,7 +54,10 @@ class Rediscovery:
                 self._first_event = now
             self._poke.set()
 
-        self._loop.call_soon_threadsafe(mark)
+        try:
+            self._loop.call_soon_threadsafe(mark)
+        except RuntimeError:
+            pass  # loop closed: we are stopping
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -83,7 +86,10 @@ class Rediscovery:
                 self._poke.clear()
                 continue
             self._poke.clear()
-            await self.rediscover()
+            try:
+                await self.rediscover()
+            except Exception as err:  # keep following hardware after a discovery bug
+                self.log.error("rediscovery_failed", error=repr(err))
             next_periodic = time.monotonic() + self.interval
 
     async def rediscover(self) -> bool:

@@ -11,8 +11,22 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR}
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is at write time: a stream captured at configure time may be
+    closed later (test capture, a redirected interpreter)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(fmt: str = "auto", level: str = "info", stream=None) -> None:
-    stream = stream or sys.stderr
+    stream = stream or _CurrentStderr()
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     renderer = (

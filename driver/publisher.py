@@ -20,7 +20,6 @@ depend on any of this.
 from __future__ import annotations
 
 import asyncio
-import copy
 import random
 import threading
 from dataclasses import dataclass, field
@@ -47,16 +46,44 @@ class PublishStats:
     published: bool = False  # the first complete publish is done (readiness)
 
 
+# The device fields this driver writes. Anything else in a listed slice (defaults a newer
+# API server adds) is not ours and must not look like a difference: otherwise every
+# reconcile would rewrite the slice and its watch event would trigger the next rewrite.
+_DEVICE_FIELDS = ("attributes", "capacity", "taints")
+
+
+def _device(device: dict) -> dict:
+    body = device.get("basic", device)  # v1beta1 nests the fields under `basic`
+    return {"name": device.get("name"), **{k: body[k] for k in _DEVICE_FIELDS if body.get(k)}}
+
+
 def _content(obj: dict) -> dict:
-    """What we own in a slice: spec minus the pool generation, plus owner references."""
-    spec = copy.deepcopy(obj.get("spec", {}))
-    spec.get("pool", {}).pop("generation", None)
-    return {"spec": spec, "owners": obj.get("metadata", {}).get("ownerReferences") or []}
+    """What we own in a slice, normalized: everything but the pool generation."""
+    spec = obj.get("spec") or {}
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    return {
+        "driver": spec.get("driver"),
+        "nodeName": spec.get("nodeName"),
+        "pool": pool,
+        "devices": [_device(d) for d in spec.get("devices") or []],
+        "owners": (obj.get("metadata") or {}).get("ownerReferences") or [],
+    }
+
+
+def _differs(have: dict, want: dict) -> bool:
+    return _content(have) != _content(want)
 
 
 def _partition(objects: Sequence[dict]) -> dict[str, tuple[str, ...]]:
-    return {o["metadata"]["name"]: tuple(d["name"] for d in o["spec"].get("devices", []))
+    return {o["metadata"]["name"]: tuple(d.get("name") for d in o.get("spec", {}).get("devices") or [])
             for o in objects}
+
+
+def _pool(obj: dict, field_name: str) -> int | None:
+    """A pool field of a listed slice; None when someone else's edit left it unusable."""
+    value = ((obj.get("spec") or {}).get("pool") or {}).get(field_name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass
@@ -84,9 +111,13 @@ class Publisher:
     # -- triggers ------------------------------------------------------------------------
     def trigger(self) -> None:
         """Ask for a reconcile soon; safe from any thread."""
-        if self._loop is None or self._wake is None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None:
             return
-        self._loop.call_soon_threadsafe(self._wake.set)
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:
+            pass  # the loop closed while we were stopping: nothing left to wake
 
     # -- API -----------------------------------------------------------------------------
     def _base(self) -> str:
@@ -118,7 +149,8 @@ class Publisher:
     def list_existing(self) -> list[dict]:
         listing = self.kube.request("GET", self._base(), query=self._selector())
         return [s for s in listing.get("items", [])
-                if s["spec"].get("driver") == self.driver and s["spec"].get("nodeName") == self.node]
+                if (s.get("spec") or {}).get("driver") == self.driver
+                and (s.get("spec") or {}).get("nodeName") == self.node]
 
     # -- reconcile -----------------------------------------------------------------------
     def reconcile(self) -> int:
@@ -128,8 +160,8 @@ class Publisher:
         self.stats.reconciles += 1
         existing = {s["metadata"]["name"]: s for s in self.list_existing()}
         pool = PoolIdentity(self.driver, self.node, self.node_uid)
-        generations = {s["spec"]["pool"]["generation"] for s in existing.values()}
-        current = max(generations, default=0)
+        generations = {_pool(s, "generation") for s in existing.values()}
+        current = max((g for g in generations if g is not None), default=0)
         # v1beta1 (1.32) has no device taints; where the server drops them (feature gate
         # off) we stop sending them rather than rewriting the slice forever.
         taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
@@ -143,13 +175,14 @@ class Publisher:
             len(generations) == 1
             and known[1] == want
             and set(have) <= set(want)
-            and all(s["spec"]["pool"]["resourceSliceCount"] == len(desired) for s in existing.values())
+            and None not in generations
+            and all(_pool(s, "resourceSliceCount") == len(desired) for s in existing.values())
         )
         writes = 0
         if in_place:
             for obj in desired:
                 old = existing.get(obj["metadata"]["name"])
-                if old is None or _content(old) != _content(obj):
+                if old is None or _differs(old, obj):
                     writes += self._put(obj, old)
             generation = current
         else:
@@ -214,15 +247,16 @@ class Publisher:
                     await asyncio.to_thread(self.reconcile)
                     failures = 0
                     delay = self.resync_seconds
-                except ApiError as err:
+                except Exception as err:  # ApiError, and anything a bad slice of someone else's causes
                     failures += 1
                     self.stats.failures += 1
                     if self.metrics is not None:
                         self.metrics.publish_failures.inc()
                     delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
                     delay *= self._rng.uniform(0.5, 1.0)  # jitter: nodes must not retry in step
-                    self.log.warning("publish_failed", error=str(err), retry_in=round(delay, 2),
-                                     attempt=failures)
+                    log = self.log.warning if isinstance(err, ApiError) else self.log.error
+                    log("publish_failed", error=str(err) or repr(err), retry_in=round(delay, 2),
+                        attempt=failures)
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=delay)
                     # Coalesce bursts (our own writes echo back through the watch).

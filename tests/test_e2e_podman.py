@@ -8,34 +8,19 @@ Specs go to /var/run/cdi, where podman looks, under a driver name unique to the 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
+from driver.demo import busybox_rootfs, podman_ready, run_container
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DriverDirs, DriverProcess
 from tests.test_plugin_integration import GPU, NIC, new_claim
 
-BUSYBOX = Path("/bin/busybox")
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (podman writes device nodes and specs in /var/run/cdi)"
-    for tool in ("podman", "runc"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    if not BUSYBOX.exists():
-        return "busybox-static is not installed"
-    return None
-
-
 @pytest.fixture(scope="module")
 def container_tools():
-    reason = _missing()
+    reason = podman_ready()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the podman end-to-end test: {reason}")
@@ -44,22 +29,11 @@ def container_tools():
 
 @pytest.fixture
 def rootfs(tmp_path):
-    root = tmp_path / "rootfs"
-    for sub in ("bin", "dev", "proc", "sys", "tmp"):
-        (root / sub).mkdir(parents=True)
-    shutil.copy(BUSYBOX, root / "bin" / "busybox")
-    for applet in ("sh", "env", "ls", "stat", "cat"):
-        (root / "bin" / applet).symlink_to("busybox")
-    return root
+    return busybox_rootfs(tmp_path)
 
 
-def podman_run(rootfs: Path, cdi_ids: list[str], script: str) -> subprocess.CompletedProcess:
-    args = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs", "run", "--rm",
-            "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
-    for cdi_id in cdi_ids:
-        args += ["--device", cdi_id]
-    args += ["--rootfs", str(rootfs), "/bin/sh", "-c", script]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+def podman_run(rootfs: Path, cdi_ids: list[str], script: str):
+    return run_container(rootfs, cdi_ids, script)
 
 
 def test_container_gets_devices_and_env(container_tools, rootfs):

@@ -270,3 +270,31 @@ def test_periodic_rediscovery_catches_missed_events(api, tmp_path):
         while not seen and time.monotonic() < deadline:
             time.sleep(0.05)
     assert seen and len(seen[0].inventory.devices) == 5
+
+
+def test_fields_the_server_adds_are_not_a_difference(api, tmp_path):
+    """A newer API server may default fields we do not set; that must not cause writes."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.reconcile()
+    api.reset_writes()
+
+    def default_fields(obj):
+        obj["spec"]["perDeviceNodeSelection"] = None
+        for device in obj["spec"]["devices"]:
+            device["allowMultipleAllocations"] = False
+
+    for name in list(api.state.slices):
+        api.edit_slice(name, default_fields)
+    assert publisher.reconcile() == 0 and api.writes() == []
+
+
+def test_a_malformed_foreign_slice_does_not_stop_publishing(api, tmp_path):
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.reconcile()
+    api.edit_slice(f"{NODE}-{DRIVER}-gpu-0", lambda s: s["spec"].pop("pool"))
+    with Running(publisher.run):
+        assert api.wait_for(lambda: all(s["spec"].get("pool", {}).get("generation") == 2
+                                        for s in api.slices()), timeout=15)
+    assert publisher.stats.failures == 0, "repaired, not crashed on"
