@@ -3,7 +3,6 @@ strict Kubernetes schemas; RBAC compared with the API calls the driver really ma
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 

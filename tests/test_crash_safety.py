@@ -10,11 +10,10 @@ import uuid
 
 import grpc
 
-from driver.checkpoint import ClaimRecord, PreparedDevice, State
-from driver.sim.apiserver import ApiServer, Fault, claim_allocated
+from driver.checkpoint import State
+from driver.sim.apiserver import ApiServer, Fault
 from tests.cdi_check import check_spec
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
-from driver.sim.kubelet import Claim
 from tests.test_plugin_integration import GPU, GPU2, NIC, new_claim, record_files, result, spec_files
 
 

@@ -18,6 +18,7 @@ from driver.sim.apiserver import ApiServer
 from tests.driverproc import DriverDirs, DriverProcess
 from tests.test_plugin_integration import GPU, NIC, new_claim
 
+
 @pytest.fixture(scope="module")
 def container_tools():
     reason = podman_ready()
@@ -55,7 +56,7 @@ def test_container_gets_devices_and_env(container_tools, rootfs):
             assert proc.returncode == 0, proc.stderr
             out = proc.stdout
             assert "DRA_GPU_0000_11_00_0_CLAIM=default/e2e" in out
-            assert f"DRA_GPU_0000_11_00_0_UUID=GPU-" in out
+            assert "DRA_GPU_0000_11_00_0_UUID=GPU-" in out
             assert "DRA_NIC_0000_12_00_0_IFNAME=enp18s0f0" in out
             assert "DRA_NIC_0000_12_00_0_RDMA_DEVICE=mlx5_0" in out
             for node in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",

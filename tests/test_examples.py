@@ -7,7 +7,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.devices.model import DeviceKind
 from driver.sim.allocator import Unsatisfiable, allocate
 from driver.sim.cel import matches
 from tests.conftest import REPO

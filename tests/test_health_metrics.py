@@ -3,7 +3,6 @@ stream; metrics after a prepare/unprepare cycle; liveness and readiness probes."
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.error

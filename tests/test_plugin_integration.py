@@ -154,7 +154,7 @@ def test_claim_not_found(env):
 
 def test_uid_mismatch(env):
     api, _, kubelet, dirs = env
-    claim = new_claim(api, "replaced", [result("gpu", GPU)])
+    new_claim(api, "replaced", [result("gpu", GPU)])
     _bad(api, kubelet, dirs, Claim("default", "replaced", str(uuid.uuid4())), "re-created")
 
 

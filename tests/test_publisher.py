@@ -6,20 +6,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
 
-from driver import slices
 from driver.devices import mock
 from driver.devices.discovery import Sources, discover
 from driver.hotplug import Rediscovery
 from driver.kube import Kube, api_client
 from driver.publisher import Publisher
 from driver.sim.apiserver import ApiServer, Fault
-from tests.conftest import discover_profile
 from driver.sim.k8s_limits import slice_errors
+from tests.conftest import discover_profile
 
 DRIVER = "accel.dra.io"
 NODE = "node-a"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
-from pathlib import Path
 
 import pynvml
 import pytest
