@@ -168,14 +168,10 @@ class XidWatcher:
             return
         try:
             event_set = nv.nvmlEventSetCreate()
-            bus_ids: dict[Any, str] = {}
             for index in range(nv.nvmlDeviceGetCount()):
                 try:
                     handle = nv.nvmlDeviceGetHandleByIndex(index)
                     nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
-                    raw = nv.nvmlDeviceGetPciInfo(handle).busId
-                    raw = raw.decode() if isinstance(raw, bytes) else raw
-                    bus_ids[handle] = raw.lower()[-12:]
                 except nv.NVMLError as err:
                     self.log.warning("xid_register_failed", gpu_index=index, error=str(err))
             self.ready.set()
@@ -188,7 +184,15 @@ class XidWatcher:
                     self.log.warning("xid_wait_failed", error=str(err))
                     self._stop.wait(1)
                     continue
-                self.handle(bus_ids.get(data.device), data)
+                # The event's handle is a fresh ctypes pointer: it compares by identity, so
+                # it cannot be looked up in a dict of the handles we registered. Ask NVML.
+                try:
+                    raw = nv.nvmlDeviceGetPciInfo(data.device).busId
+                except nv.NVMLError as err:
+                    self.log.warning("xid_event_unattributed", xid=int(data.eventData), error=str(err))
+                    continue
+                raw = raw.decode() if isinstance(raw, bytes) else raw
+                self.handle(raw.lower()[-12:], data)
             nv.nvmlEventSetFree(event_set)
         finally:
             self.ready.set()

@@ -52,6 +52,15 @@ class _Handle:
     mig: int | None = None
 
 
+class _EventHandle:
+    """Like the ctypes pointer NVML puts in an event: the same device as a handle from
+    nvmlDeviceGetHandleByIndex, but a different object that compares by identity."""
+
+    def __init__(self, gpu: int) -> None:
+        self.gpu = gpu
+        self.mig = None
+
+
 @dataclass
 class _EventSet:
     gpus: set[int] = field(default_factory=set)
@@ -249,7 +258,7 @@ class FakeNvml:
                    compute_instance: int | None = None) -> None:
         """Mock mode: queue an XID critical error event as the driver would report it."""
         data = SimpleNamespace(
-            device=_Handle(index), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
+            device=_EventHandle(index), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
             gpuInstanceId=NO_INSTANCE if gpu_instance is None else gpu_instance,
             computeInstanceId=NO_INSTANCE if compute_instance is None else compute_instance,
         )
