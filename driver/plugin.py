@@ -94,7 +94,7 @@ class Plugin:
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
-                                    (*DRA_SERVICES, health_stream.SERVICE_NAME))
+                                    (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
         metrics = Metrics(config.driver_name)
         health = HealthState(config.driver_name, inventory)
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
@@ -146,7 +146,7 @@ class Plugin:
 
         dra = grpc.aio.server()
         service.add_to_server(dra, self.preparer, self.metrics)
-        health_stream.add_to_server(dra, health_stream.HealthService(self.health, self.config.node_name))
+        health_stream.add_to_server(dra, self.health, self.config.node_name)
         await self._serve(dra, OwnedSocket(self.config.dra_socket))
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)

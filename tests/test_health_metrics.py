@@ -12,6 +12,8 @@ import uuid
 import grpc
 import pytest
 
+from driver._proto.health.v1 import api_pb2 as hpb2_v1
+from driver._proto.health.v1 import api_pb2_grpc as hgrpc_v1
 from driver._proto.health.v1alpha1 import api_pb2 as hpb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as hgrpc
 from driver.sim.apiserver import ApiServer, claim_allocated
@@ -25,13 +27,13 @@ GPU0, GPU1, NIC = "gpu-0000-11-00-0", "gpu-0000-21-00-0", "nic-0000-12-00-0"
 class HealthStream:
     """The kubelet side of NodeWatchResources: keeps the latest full device list."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, pb2=hpb2, pb2_grpc=hgrpc) -> None:
         self.channel = grpc.insecure_channel(f"unix://{endpoint}")
         self.latest: dict[str, tuple[int, str]] = {}
         self.messages = 0
         self.cond = threading.Condition()
-        stub = hgrpc.DRAResourceHealthStub(self.channel)
-        self.call = stub.NodeWatchResources(hpb2.NodeWatchResourcesRequest())
+        stub = pb2_grpc.DRAResourceHealthStub(self.channel)
+        self.call = stub.NodeWatchResources(pb2.NodeWatchResourcesRequest())
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -80,8 +82,10 @@ def running(request):
 @pytest.mark.parametrize("running", [("mixed", "--xid-recovery-seconds", "2")], indirect=True)
 def test_xid_taints_one_gpu_and_recovers(running):
     api, plugin, kubelet, stream = running
-    assert "v1alpha1.DRAResourceHealth" in kubelet.info.supported_versions
+    assert list(kubelet.info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
     assert stream.latest[GPU0][0] == hpb2.HEALTHY and taints(api) == {}
+    v1_stream = HealthStream(kubelet.info.endpoint, hpb2_v1, hgrpc_v1)  # newer kubelets
     nvml = plugin.plugin.node.mock.nvml
     nvml.inject_xid(0, 79)
     assert api.wait_for(lambda: GPU0 in taints(api))
@@ -89,6 +93,8 @@ def test_xid_taints_one_gpu_and_recovers(running):
     assert (taint["key"], taint["value"], taint["effect"]) == (f"{DRIVER}/gpu-xid", "79", "NoSchedule")
     assert set(taints(api)) == {GPU0}, "other devices untouched"
     assert stream.wait(lambda s: s[GPU0][0] == hpb2.UNHEALTHY and "XID 79" in s[GPU0][1])
+    assert v1_stream.wait(lambda s: s.get(GPU0, (0, ""))[0] == hpb2_v1.UNHEALTHY)
+    v1_stream.close()
     assert all(h == hpb2.HEALTHY for name, (h, _) in stream.latest.items() if name != GPU0)
     # Recovery: the GPU answers NVML and the recovery period has passed.
     assert api.wait_for(lambda: taints(api) == {}, timeout=15)

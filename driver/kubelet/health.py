@@ -8,24 +8,34 @@ import time
 
 import structlog
 
-from driver._proto.health.v1alpha1 import api_pb2 as pb2
-from driver._proto.health.v1alpha1 import api_pb2_grpc as pb2_grpc
+from types import ModuleType
+
+from driver._proto.health.v1 import api_pb2 as v1_pb2
+from driver._proto.health.v1 import api_pb2_grpc as v1_grpc
+from driver._proto.health.v1alpha1 import api_pb2 as v1alpha1_pb2
+from driver._proto.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from driver.health import HealthState
 
-SERVICE_NAME = "v1alpha1.DRAResourceHealth"
+# Kubelets 1.34-1.36 speak v1alpha1; newer ones v1. Both are served, newest first.
+SERVICE_NAMES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 RESEND_SECONDS = 30.0
 # Devices not refreshed within this become UNKNOWN in the kubelet: twice the resend period.
 TIMEOUT_SECONDS = 60
 
 
-class HealthService(pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, state: HealthState, pool: str, resend_seconds: float = RESEND_SECONDS) -> None:
+class HealthService:
+    """One implementation; `pb2` picks the wire package (v1 or v1alpha1)."""
+
+    def __init__(self, state: HealthState, pool: str, pb2: ModuleType = v1alpha1_pb2,
+                 resend_seconds: float = RESEND_SECONDS) -> None:
+        self.pb2 = pb2
         self.state = state
         self.pool = pool
         self.resend_seconds = resend_seconds
         self.log = structlog.get_logger(component="health-stream")
 
-    def snapshot(self) -> pb2.NodeWatchResourcesResponse:
+    def snapshot(self):
+        pb2 = self.pb2
         now = int(time.time())
         response = pb2.NodeWatchResourcesResponse()
         for device in self.state.inventory().devices:
@@ -58,5 +68,14 @@ class HealthService(pb2_grpc.DRAResourceHealthServicer):
             self.log.info("health_stream_closed")
 
 
-def add_to_server(server, service: HealthService) -> None:
-    pb2_grpc.add_DRAResourceHealthServicer_to_server(service, server)
+class _V1(HealthService, v1_grpc.DRAResourceHealthServicer):
+    pass
+
+
+class _V1alpha1(HealthService, v1alpha1_grpc.DRAResourceHealthServicer):
+    pass
+
+
+def add_to_server(server, state: HealthState, pool: str) -> None:
+    v1_grpc.add_DRAResourceHealthServicer_to_server(_V1(state, pool, v1_pb2), server)
+    v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(_V1alpha1(state, pool, v1alpha1_pb2), server)
