@@ -72,8 +72,7 @@ class Preparer:
         return await self._each(refs, self._prepare_one, PrepareOutcome)
 
     async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
-        outcomes = await self._each(refs, self._unprepare_one, lambda error="": error)
-        return outcomes
+        return await self._each(refs, self._unprepare_one, lambda error="": error)
 
     async def _each(self, refs, operation, failed):
         counts: dict[str, int] = {}
@@ -105,6 +104,9 @@ class Preparer:
         except OSError as err:
             log.error("claim_io_error", error=str(err))
             return failed(error=f"claim {ref}: {err}")
+        except Exception as err:  # a bug must fail this claim, not the whole request
+            log.exception("claim_internal_error")
+            return failed(error=f"claim {ref}: internal error: {err!r}")
 
     # -- prepare -------------------------------------------------------------------------
     def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:

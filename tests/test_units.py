@@ -115,3 +115,30 @@ def test_slices_group_by_kind_and_respect_taint_limit():
         "attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "1Gi"}}}}
     empty = slices.build(Inventory(), pool, 1)
     assert len(empty) == 1 and empty[0]["spec"]["devices"] == []
+
+
+def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
+    """A bug reached by one claim (here: a reader that raises KeyError) becomes that claim's
+    error; the other claim of the request is prepared."""
+    from driver.claims import ClaimRef
+    from driver.locks import ProcessLock
+    from driver.prepare import Preparer
+    from tests.conftest import discover_profile
+
+    node, result = discover_profile("mixed", tmp_path / "m")
+
+    class Reader:
+        def get(self, ref):
+            if ref.name == "boom":
+                raise KeyError("status")
+            return {"metadata": {"uid": ref.uid}, "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": "accel.dra.io", "pool": "n", "device": "gpu-0000-11-00-0"}]}}}}
+
+    preparer = Preparer(driver="accel.dra.io", pool="n", inventory=lambda: result.inventory,
+                        claims=Reader(), cdi_writer=cdi.CdiWriter(tmp_path / "cdi", "accel.dra.io"),
+                        checkpoint=Checkpoint(tmp_path / "state"), boot_id="b", dev_root=node.dev,
+                        process_lock=ProcessLock(tmp_path / "lock"))
+    good, bad = ClaimRef("ns", "ok", "0a-1"), ClaimRef("ns", "boom", "0b-2")
+    outcomes = asyncio.run(preparer.prepare([good, bad]))
+    assert outcomes[good.uid].error == "" and len(outcomes[good.uid].devices) == 1
+    assert outcomes[bad.uid].error == "claim ns/boom: internal error: KeyError('status')"
