@@ -34,13 +34,21 @@ class NetDevice:
 
 
 @dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     net_devices: tuple[NetDevice, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.net_devices)
+        return not (self.env or self.device_nodes or self.net_devices or self.mounts)
 
     def to_json(self) -> dict:
         out: dict = {}
@@ -50,6 +58,12 @@ class ContainerEdits:
             out["deviceNodes"] = [
                 {"path": n.path, "hostPath": n.host_path, "permissions": n.permissions}
                 for n in self.device_nodes
+            ]
+        if self.mounts:
+            # No `type`: it needs cdiVersion 0.4.0, and "bind" in the options says it all.
+            out["mounts"] = [
+                {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
+                for m in self.mounts
             ]
         if self.net_devices:
             out["netDevices"] = [

@@ -50,6 +50,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", None, "what stands for /sys (default /sys)"),
     Option("dev_root", "--dev-root", "DEV_ROOT", None, "what stands for /dev (default /dev)"),
     Option("proc_root", "--proc-root", "PROC_ROOT", None, "what stands for /proc (default /proc)"),
+    Option("nvidia_driver_root", "--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", None,
+           "host path of the NVIDIA driver installation whose libraries GPU containers get "
+           "(default /; /run/nvidia/driver with the GPU operator)"),
+    Option("nvidia_driver_root_mount", "--nvidia-driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None,
+           "where this process sees --nvidia-driver-root (default: the same path)"),
     Option("mock", "--mock", "MOCK_PROFILE", None,
            "mock devices: a built-in profile name or a profile YAML file"),
     Option("kubeconfig", "--kubeconfig", "KUBECONFIG", None,
@@ -101,6 +106,8 @@ class Config:
     log_level: str
     nic_filter: NicFilter = field(default_factory=NicFilter)
     pod_uid: str | None = None
+    nvidia_driver_root: Path = Path("/")
+    nvidia_driver_root_mount: Path = Path("/")
     rediscover_interval: float = 60.0
     health_interval: float = 5.0
     ignored_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
@@ -216,10 +223,11 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
             mock = load_profile(raw["mock"])
         except ProfileError as err:
             raise ConfigError(f"{source['mock']}: {err}") from err
-        for dest in ("sysfs_root", "dev_root", "proc_root"):
+        for dest in ("sysfs_root", "dev_root", "proc_root", "nvidia_driver_root",
+                     "nvidia_driver_root_mount"):
             if raw[dest] is not None:
                 raise ConfigError(
-                    f"{source[dest]}: mock mode generates its own sysfs, dev and proc trees; "
+                    f"{source[dest]}: mock mode generates its own sysfs, dev, proc and driver trees; "
                     f"do not combine it with --mock"
                 )
 
@@ -257,6 +265,9 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
             exclude_default_route=not get("nic_allow_default_route", _bool),
         ),
         pod_uid=pod_uid.lower() if pod_uid else None,
+        nvidia_driver_root=get("nvidia_driver_root", _absolute) or Path("/"),
+        nvidia_driver_root_mount=(get("nvidia_driver_root_mount", _absolute)
+                                  or get("nvidia_driver_root", _absolute) or Path("/")),
         rediscover_interval=get("rediscover_interval", _seconds),
         health_interval=get("health_interval", _seconds),
         ignored_xids=get("ignored_xids", _xids),

@@ -151,7 +151,8 @@ def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[st
                 out("   prepared: " + ", ".join(cdi_ids))
                 if rootfs is not None:
                     seen = run_container(rootfs, cdi_ids, "env | grep '^DRA_\\|^NCCL' | sort; "
-                                         "ls /dev/nvidia* /dev/infiniband/* /dev/dri/* 2>/dev/null; true")
+                                         "ls /dev/nvidia* /dev/infiniband/* /dev/dri/* 2>/dev/null; "
+                                         "[ -x /usr/local/nvidia/bin/nvidia-smi ] && /usr/local/nvidia/bin/nvidia-smi; true")
                     out("   container saw:" if seen.returncode == 0 else f"   container failed: {seen.stderr.strip()}")
                     for line in seen.stdout.splitlines():
                         out(f"     {line}")

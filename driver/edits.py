@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from driver.cdi import ContainerEdits, DeviceNode, NetDevice
+from driver.cdi import ContainerEdits, DeviceNode, Mount, NetDevice
 from driver.devices.model import PCI_BUS_ID, Device, DeviceKind
 from driver.devices.nvml import CONTROL_NODES
 from driver.opaque import DeviceConfig, FpgaConfig, NicConfig
@@ -38,6 +38,7 @@ def build(
     claim: str,  # "namespace/name"
     request: str,
     dev_root: Path,
+    driver_mounts: tuple[Mount, ...] = (),
 ) -> ContainerEdits:
     prefix = env_prefix(device.name)
     env = [f"{prefix}_CLAIM={claim}", f"{prefix}_REQUEST={request}"]
@@ -45,11 +46,13 @@ def build(
         env.append(f"{prefix}_PCI_BUS_ID={device.attributes.get(PCI_BUS_ID, device.pci.bus_id)}")
     nodes = list(device.device_nodes)
     net: list[NetDevice] = []
+    mounts: tuple[Mount, ...] = ()
 
     if device.kind in (DeviceKind.GPU, DeviceKind.MIG):
         env.append(f"{prefix}_UUID={device.attributes.get('uuid', '')}")
         # Control nodes are node-wide; nvidia-uvm exists only once the module is loaded.
         nodes += [n for n in CONTROL_NODES if Path(host_path(dev_root, n)).exists()]
+        mounts = driver_mounts
     elif device.kind is DeviceKind.FPGA:
         if "interfaceID" in device.attributes:
             env.append(f"{prefix}_INTERFACE_ID={device.attributes['interfaceID']}")
@@ -78,4 +81,5 @@ def build(
         if node not in seen:
             seen.add(node)
             device_nodes.append(DeviceNode(node, host_path(dev_root, node)))
-    return ContainerEdits(env=tuple(env), device_nodes=tuple(device_nodes), net_devices=tuple(net))
+    return ContainerEdits(env=tuple(env), device_nodes=tuple(device_nodes), net_devices=tuple(net),
+                          mounts=mounts)

@@ -18,12 +18,13 @@ import structlog
 
 from driver import logs
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.cdi import CdiWriter
+from driver.cdi import CdiWriter, Mount
 from driver.checkpoint import Checkpoint, read_boot_id
 from driver.claims import ClaimReader
 from driver.config import Config
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
+from driver.devices.nvlibs import DriverFiles
 from driver.health import HealthState, Prober, XidWatcher
 from driver.hotplug import Rediscovery, UeventMonitor
 from driver.kube import Kube, api_client
@@ -82,6 +83,12 @@ class Plugin:
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
         kube = kube or Kube(api_client(config.kubeconfig))
         checkpoint = Checkpoint(config.state_dir)
+        driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
+
+        def driver_mounts() -> tuple[Mount, ...]:
+            return tuple(Mount(m.host_path, m.container_path)
+                         for m in driver_files.mounts(holder.result.nvidia_driver_version))
+
         preparer = Preparer(
             driver=config.driver_name,
             pool=config.node_name,
@@ -92,6 +99,7 @@ class Plugin:
             boot_id=read_boot_id(node.proc),
             dev_root=node.dev,
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
+            driver_mounts=driver_mounts,
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))

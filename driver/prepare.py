@@ -54,6 +54,7 @@ class Preparer:
         boot_id: str,
         dev_root: Path,
         process_lock: ProcessLock,
+        driver_mounts: Callable[[], tuple[cdi.Mount, ...]] = lambda: (),
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -64,6 +65,7 @@ class Preparer:
         self.boot_id = boot_id
         self.dev_root = dev_root
         self.process_lock = process_lock
+        self.driver_mounts = driver_mounts
         self.locks = KeyedLocks()
         self.log = structlog.get_logger(component="prepare")
 
@@ -177,6 +179,7 @@ class Preparer:
 
     def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], log, reason: str) -> None:
         inventory = self.inventory()
+        driver_mounts = self.driver_mounts()
         cdi_devices = []
         for prepared in devices:
             device = inventory.get(prepared.device)
@@ -185,7 +188,7 @@ class Preparer:
             config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
             container_edits = edits.build(device, config, claim=str(ref),
                                           request=base_request(prepared.request),
-                                          dev_root=self.dev_root)
+                                          dev_root=self.dev_root, driver_mounts=driver_mounts)
             cdi_devices.append(CdiDevice(f"{ref.uid}-{device.name}", container_edits))
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
         self.cdi.write(ref.uid, spec)

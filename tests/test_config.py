@@ -43,6 +43,15 @@ def test_seamless_upgrade_socket_names():
     assert config.registration_socket.name == "accel.dra.io-1f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60-reg.sock"
 
 
+def test_driver_root_mount_defaults_to_the_driver_root():
+    config = parse(["--node-name", "n", "--nvidia-driver-root", "/run/nvidia/driver"])
+    assert config.nvidia_driver_root == config.nvidia_driver_root_mount == Path("/run/nvidia/driver")
+    config = parse(["--node-name", "n"], {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+                                          "NVIDIA_DRIVER_ROOT_MOUNT": "/driver-root"})
+    assert (config.nvidia_driver_root, config.nvidia_driver_root_mount) == (
+        Path("/run/nvidia/driver"), Path("/driver-root"))
+
+
 def test_nic_filters_parsed():
     config = parse(["--node-name", "n", "--nic-exclude", "eno*, vendor=0x8086",
                     "--nic-allow-default-route", "true"])
@@ -60,6 +69,8 @@ def test_nic_filters_parsed():
     (["--nic-exclude", "vendor=zz"], "--nic-exclude: NIC selector 'vendor=zz'"),
     (["--node-name", "Not_A_Node"], "--node-name: node name"),
     (["--mock", "mixed", "--sysfs-root", "/x"], "--sysfs-root: mock mode generates"),
+    (["--mock", "mixed", "--nvidia-driver-root", "/x"], "--nvidia-driver-root: mock mode generates"),
+    (["--nvidia-driver-root", "run/nvidia"], "--nvidia-driver-root: 'run/nvidia' must be an absolute path"),
     (["--kubelet-plugins-dir", "/" + "p" * 100], "longer than 107 bytes"),
 ])
 def test_invalid_values_are_named(argv, fragment):

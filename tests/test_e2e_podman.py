@@ -52,7 +52,8 @@ def test_container_gets_devices_and_env(container_tools, rootfs):
             cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
             proc = podman_run(rootfs, cdi_ids,
                               "env | sort; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm "
-                              "/dev/infiniband/uverbs0 /dev/infiniband/rdma_cm; do stat -c '%n %F' $d; done")
+                              "/dev/infiniband/uverbs0 /dev/infiniband/rdma_cm; do stat -c '%n %F' $d; done; "
+                              "cat /usr/local/nvidia/lib64/libcuda.so.1; echo; /usr/local/nvidia/bin/nvidia-smi")
             assert proc.returncode == 0, proc.stderr
             out = proc.stdout
             assert "DRA_GPU_0000_11_00_0_CLAIM=default/e2e" in out
@@ -62,6 +63,9 @@ def test_container_gets_devices_and_env(container_tools, rootfs):
             for node in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",
                          "/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"):
                 assert f"{node} character special file" in out, out
+            # The node's driver files arrived where CUDA images look for them.
+            assert "mock libcuda.so 550.54.15" in out
+            assert "mock nvidia-smi: driver 550.54.15, 2 GPU(s) on the node" in out
 
             # A container given only the NIC sees no GPU.
             nic_only = [i for d in entry.devices if d.device_name == NIC for i in d.cdi_device_ids]

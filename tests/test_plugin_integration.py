@@ -90,10 +90,21 @@ def test_prepare_and_unprepare(env, version):
     assert paths == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     assert gpu_edits["deviceNodes"][0]["hostPath"] == str(dirs.state / "mock" / "dev" / "nvidia0")
     assert "DRA_GPU_0000_11_00_0_CLAIM=default/train" in gpu_edits["env"]
+    # The driver's user-space files, from the node, where CUDA images look for them.
+    driver_root = dirs.state / "mock" / "driver-root"
+    assert {m["containerPath"]: m["hostPath"] for m in gpu_edits["mounts"]} == {
+        "/usr/local/nvidia/lib64/libcuda.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+        "/usr/local/nvidia/lib64/libnvidia-ml.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
+        "/usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.1":
+            f"{driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.550.54.15",
+        "/usr/local/nvidia/bin/nvidia-smi": f"{driver_root}/usr/bin/nvidia-smi",
+    }
+    assert all(m["options"] == ["ro", "nosuid", "nodev", "bind"] for m in gpu_edits["mounts"])
     nic_edits = by_name[f"{claim.uid}-{NIC}"]
     assert [n["path"] for n in nic_edits["deviceNodes"]] == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
     assert "DRA_NIC_0000_12_00_0_IFNAME=enp18s0f0" in nic_edits["env"]
     assert "netDevices" not in nic_edits, "moving the interface is off by default"
+    assert "mounts" not in nic_edits
     assert len(record_files(dirs)) == 1
 
     again = kubelet.prepare([claim], version)

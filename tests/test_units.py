@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,29 @@ def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
     outcomes = asyncio.run(preparer.prepare([good, bad]))
     assert outcomes[good.uid].error == "" and len(outcomes[good.uid].devices) == 1
     assert outcomes[bad.uid].error == "claim ns/boom: internal error: KeyError('status')"
+
+
+def test_driver_files_are_found_for_the_running_version_only(tmp_path):
+    import os
+
+    from driver.devices import nvlibs
+
+    root = tmp_path / "driver"
+    (root / "usr/lib64").mkdir(parents=True)  # a RHEL-style layout
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/lib64/libcuda.so.535.104.05").write_text("x")
+    (root / "usr/lib64/libcuda.so.550.54.15").write_text("x")  # left over from another driver
+    (root / "usr/lib64/libnvidia-ml.so.535.104.05").write_text("x")
+    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+    os.chmod(root / "usr/bin/nvidia-smi", 0o755)
+    (root / "usr/bin/nvidia-debugdump").write_text("not executable")
+    mounts = nvlibs.find(root, Path("/run/nvidia/driver"), "535.104.05")
+    assert [(m.host_path, m.container_path) for m in mounts] == [
+        ("/run/nvidia/driver/usr/lib64/libcuda.so.535.104.05", "/usr/local/nvidia/lib64/libcuda.so.1"),
+        ("/run/nvidia/driver/usr/lib64/libnvidia-ml.so.535.104.05", "/usr/local/nvidia/lib64/libnvidia-ml.so.1"),
+        ("/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"),
+    ]
+    assert nvlibs.find(root, root, None) == ()
+    # Another version: no library matches (binaries carry no version in their name).
+    other = nvlibs.find(root, root, "999.1")
+    assert [m.container_path for m in other] == ["/usr/local/nvidia/bin/nvidia-smi"]

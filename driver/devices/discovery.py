@@ -32,16 +32,19 @@ class DiscoveryResult:
     problems: Problems
     excluded: tuple[tuple[str, str], ...]
     nvml_unavailable: str | None  # None: NVML answered (possibly with zero GPUs)
+    nvidia_driver_version: str | None = None  # raw, for locating the driver's files
 
 
 def discover(sources: Sources) -> DiscoveryResult:
     problems = Problems()
     devices: list[Device] = []
     nvml_unavailable = "the nvidia-ml-py package is not installed"
+    driver_version = None
     if sources.nvml is not None:
         gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc)
         devices += gpus.discover(problems)
         nvml_unavailable = gpus.unavailable
+        driver_version = gpus.driver_version
 
     # Every PCI function is read once here and shared: on a node with thousands of VFs,
     # reading them again per subsystem doubled the cost of each rediscovery.
@@ -55,7 +58,7 @@ def discover(sources: Sources) -> DiscoveryResult:
     nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions)
     devices += nics.discover(problems)
     return DiscoveryResult(
-        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable
+        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable, driver_version
     )
 
 

@@ -61,6 +61,7 @@ class NvmlDiscovery:
         self.sysfs = sysfs
         self.proc = proc
         self.unavailable: str | None = None  # why NVML could not be used, if it could not
+        self.driver_version: str | None = None  # as NVML says it ("535.104.05"): file names use it
 
     def discover(self, problems: Problems) -> list[Device]:
         nv = self.nvml
@@ -90,8 +91,9 @@ class NvmlDiscovery:
         nv = self.nvml
         driver_version = self._optional(nv.nvmlSystemGetDriverVersion)
         cuda = self._optional(nv.nvmlSystemGetCudaDriverVersion)
+        self.driver_version = _text(driver_version) if driver_version else None
         common = {
-            "driverVersion": _text(driver_version) if driver_version else None,
+            "driverVersion": self.driver_version,
             "cudaDriverVersion": cuda_version(cuda) if cuda else None,
         }
         devices: list[Device] = []

@@ -33,6 +33,7 @@ class MockNode:
     dev: Path
     proc: Path
     nvml: FakeNvml
+    driver_root: Path
     interfaces: list[str] = field(default_factory=list)
 
 
@@ -47,7 +48,8 @@ def build(profile: Profile, root: Path) -> MockNode:
     writer = _Writer(root)
     writer.write_profile(profile, boot_id)
     nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
-    return MockNode(root, writer.sys, writer.dev, writer.proc, nvml, writer.interfaces)
+    return MockNode(root, writer.sys, writer.dev, writer.proc, nvml, writer.driver_root,
+                    writer.interfaces)
 
 
 def _ifname(domain: str, bus: int) -> str:
@@ -61,6 +63,7 @@ class _Writer:
         self.sys = root / "sys"
         self.dev = root / "dev"
         self.proc = root / "proc"
+        self.driver_root = root / "driver-root"
         self.gpus: list[FakeGpu] = []
         self.interfaces: list[str] = []
         self._mknod_ok = True
@@ -149,6 +152,17 @@ class _Writer:
         if self.gpus:
             for control in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
                 self.node(f"/dev/{control}")
+            self.driver_files(profile.driver_version or "")
+
+    def driver_files(self, version: str) -> None:
+        """Stand-ins for the driver's user-space files, where a host installation has them."""
+        lib = self.driver_root / "usr" / "lib" / "x86_64-linux-gnu"
+        for name in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"):
+            self.file(lib / f"{name}.{version}", f"mock {name} {version}")
+        smi = self.driver_root / "usr" / "bin" / "nvidia-smi"
+        count = len(self.gpus)
+        self.file(smi, f"#!/bin/sh\necho 'mock nvidia-smi: driver {version}, {count} GPU(s) on the node'")
+        smi.chmod(0o755)
 
     def root_complex(self, domain: str, bus: int) -> Path:
         path = self.sys / "devices" / f"pci{domain}:{bus:02x}"
