@@ -24,12 +24,7 @@ DEFAULT_TIMEOUT = 10.0
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
-        self.status = status
-
-    @property
-    def retriable(self) -> bool:
-        # 0: no answer (connection refused, timeout); 409 conflict; 429 throttled; 5xx.
-        return self.status in (0, 409, 429) or self.status >= 500
+        self.status = status  # 0: no answer (connection refused, timeout)
 
 
 class NotFound(ApiError):

@@ -127,7 +127,10 @@ class Plugin:
         def ready() -> tuple[bool, str]:
             registered = registration.registered.is_set()
             published = publisher.stats.published
-            return registered and published, f"registered={registered} published={published}"
+            why = f"registered={registered} published={published}"
+            if registration.last_error:
+                why += f" (kubelet rejected the registration: {registration.last_error})"
+            return registered and published, why
 
         xid = XidWatcher(node.nvml, health, config.ignored_xids) if node.nvml is not None else None
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
