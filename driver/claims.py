@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,21 +81,10 @@ class ClaimReader:
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        self._version: str | None = None
-        self._lock = threading.Lock()
-
-    def version(self) -> str:
-        with self._lock:
-            if self._version is None:
-                served = self.kube.served_resource_versions()
-                if not served:
-                    raise ApiError(0, f"the API server serves no {API_GROUP} version we know")
-                self._version = served[0]
-            return self._version
 
     def get(self, ref: ClaimRef) -> dict:
         try:
-            path = (f"/apis/{API_GROUP}/{self.version()}/namespaces/{ref.namespace}"
+            path = (f"/apis/{API_GROUP}/{self.kube.resource_version()}/namespaces/{ref.namespace}"
                     f"/resourceclaims/{ref.name}")
             return self.kube.request("GET", path)
         except NotFound as err:

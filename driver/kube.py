@@ -8,7 +8,8 @@ connection pool, and bodies stay plain dicts that look like the YAML users read.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,6 +48,8 @@ def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
 class Kube:
     client: k8s.ApiClient
     timeout: float = DEFAULT_TIMEOUT
+    _resource_version: str | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def request(self, method: str, path: str, query: dict | None = None, body: Any = None,
                 content_type: str = "application/json", timeout: float | None = None) -> Any:
@@ -107,3 +110,14 @@ class Kube:
         group = self.request("GET", f"/apis/{API_GROUP}")
         served = {v.get("version") for v in (group or {}).get("versions", [])}
         return [v for v in API_VERSIONS if v in served]
+
+    def resource_version(self) -> str:
+        """The resource.k8s.io version to use (v1, else v1beta2, else v1beta1), asked once
+        and shared by claim reads and slice writes."""
+        with self._lock:
+            if self._resource_version is None:
+                served = self.served_resource_versions()
+                if not served:
+                    raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
+                self._resource_version = served[0]
+            return self._resource_version

@@ -86,8 +86,7 @@ class Plugin:
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 
         def driver_mounts() -> tuple[Mount, ...]:
-            return tuple(Mount(m.host_path, m.container_path)
-                         for m in driver_files.mounts(holder.result.nvidia_driver_version))
+            return driver_files.mounts(holder.result.nvidia_driver_version)
 
         preparer = Preparer(
             driver=config.driver_name,

@@ -128,11 +128,8 @@ class Publisher:
 
     def negotiate(self) -> str:
         if self.api_version is None:
-            served = self.kube.served_resource_versions()
-            if not served:
-                raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
-            self.api_version = served[0]
-            self.log.info("resource_api_version", version=self.api_version, served=served)
+            self.api_version = self.kube.resource_version()
+            self.log.info("resource_api_version", version=self.api_version)
         return self.api_version
 
     def _owner(self) -> None:
