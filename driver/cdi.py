@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver import atomic, names
+from driver.instance import Instance
 
 CLAIM_CLASS = "claim"
 
@@ -120,11 +121,12 @@ def qualified_id(vendor: str, device_name: str) -> str:
 
 
 class CdiWriter:
-    def __init__(self, root: Path, vendor: str) -> None:
+    def __init__(self, root: Path, vendor: str, instance: Instance) -> None:
         self.root = root
         self.vendor = vendor
+        self.instance = instance
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.root, prefix=f"{vendor}-{CLAIM_CLASS}_")
+        atomic.sweep_temp_files(self.root, instance.alive, prefix=f"{vendor}-{CLAIM_CLASS}_")
 
     def path(self, claim_uid: str) -> Path:
         if not names.is_dns_label(claim_uid):
@@ -133,7 +135,7 @@ class CdiWriter:
 
     def write(self, claim_uid: str, spec: dict) -> Path:
         path = self.path(claim_uid)
-        atomic.write(path, json.dumps(spec, indent=2).encode())
+        atomic.write(path, json.dumps(spec, indent=2).encode(), owner=self.instance.token)
         return path
 
     def read(self, claim_uid: str) -> dict | None:

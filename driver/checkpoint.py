@@ -4,6 +4,12 @@ One file per claim keeps every prepare O(1) however many claims are prepared, an
 corrupt file costs one claim, not all. Each record carries the boot id: after a reboot
 /var/run/cdi is empty and device minors may differ, so the spec is rebuilt from current
 hardware instead of trusting the record.
+
+Two driver instances share the directory during an upgrade and change it only under the
+cross-process prepare lock. Each keeps the records in memory (the exclusivity check needs
+every claim's devices) and re-reads them only when the other instance changed something:
+`.changes` holds "<instance token> <counter>" of the last change, rewritten on every
+change. It needs no fsync: after a crash every process starts by reading all records.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Iterator
 
 from driver import atomic, names
+from driver.instance import Instance
 
 FORMAT_VERSION = 1
 
@@ -37,6 +45,7 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     config: dict = field(default_factory=dict)  # the decoded opaque config that applied
     share_id: str | None = None
+    admin_access: bool = False  # allocated with adminAccess: may sit beside another claim
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class ClaimRecord:
                 PreparedDevice(
                     request=d["request"], pool=d["pool"], device=d["device"],
                     cdi_ids=tuple(d["cdi_ids"]), config=dict(d.get("config") or {}),
-                    share_id=d.get("share_id"),
+                    share_id=d.get("share_id"), admin_access=bool(d.get("admin_access", False)),
                 )
                 for d in data["devices"]
             )
@@ -77,10 +86,15 @@ class ClaimRecord:
 
 
 class Checkpoint:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, instance: Instance) -> None:
         self.directory = state_dir / "claims"
+        self.instance = instance
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.directory)
+        atomic.sweep_temp_files(self.directory, instance.alive)
+        self._changes = self.directory / ".changes"
+        self._counter = 0
+        self._seen: str | None = None  # the .changes content our cache reflects
+        self._cache: dict[str, ClaimRecord] = {}
 
     def path(self, uid: str) -> Path:
         if not names.is_dns_label(uid):
@@ -97,10 +111,49 @@ class Checkpoint:
         return ClaimRecord.from_json(raw, path)
 
     def put(self, record: ClaimRecord) -> None:
-        atomic.write(self.path(record.uid), record.to_json(), mode=0o600)
+        atomic.write(self.path(record.uid), record.to_json(), mode=0o600, owner=self.instance.token)
+        self._changed(record.uid, record)
 
     def remove(self, uid: str) -> bool:
-        return atomic.remove(self.path(uid))
+        removed = atomic.remove(self.path(uid))
+        if removed:
+            self._changed(uid, None)
+        return removed
+
+    # -- all records, for cross-claim checks (call under the cross-process lock) ---------
+    def records(self) -> Iterator[ClaimRecord]:
+        """Every readable record; unreadable ones are skipped (their claim's own prepare
+        quarantines them)."""
+        current = self._read_changes()
+        if current is None or current != self._seen:
+            self._cache = {}
+            for path in self.directory.glob("*.json"):
+                try:
+                    self._cache[path.stem] = ClaimRecord.from_json(path.read_bytes(), path)
+                except (OSError, CheckpointError):
+                    continue
+            self._seen = current
+        return iter(list(self._cache.values()))
+
+    def _read_changes(self) -> str | None:
+        try:
+            return self._changes.read_text()
+        except FileNotFoundError:
+            return None
+
+    def _changed(self, uid: str, record: ClaimRecord | None) -> None:
+        stale = self._read_changes() != self._seen
+        self._counter += 1
+        marker = f"{self.instance.token} {self._counter}"
+        self._changes.write_text(marker)
+        if stale:
+            self._seen = None  # someone else changed records too: re-read next time
+            return
+        if record is None:
+            self._cache.pop(uid, None)
+        else:
+            self._cache[uid] = record
+        self._seen = marker
 
     def uids(self) -> list[str]:
         return sorted(p.stem for p in self.directory.glob("*.json"))

@@ -39,6 +39,7 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
         raise ClaimError(f"claim {ref} has no devices allocated by driver {driver}")
     allocated = tuple(
         AllocatedDevice(str(r.get("request", "")), str(r.get("pool", "")),
-                        str(r.get("device", "")), r.get("shareID"))
+                        str(r.get("device", "")), r.get("shareID"), r.get("adminAccess") is True)
         for r in results
     )
     configs = []

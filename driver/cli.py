@@ -63,10 +63,13 @@ def run_plugin(config: Config) -> int:
 
     from kubernetes.config import ConfigException
 
-    from driver.plugin import serve
+    from driver.plugin import StartupError, serve
 
     try:
         return asyncio.run(serve(config))
+    except StartupError as err:
+        print(f"dra-driver: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except ConfigException as err:
         print(f"dra-driver: cannot reach the API server: {err} "
               "(set --kubeconfig outside a cluster)", file=sys.stderr)

@@ -17,9 +17,9 @@ from driver import names
 from driver.devices.mock import Profile, ProfileError
 from driver.devices.mock import load as load_profile
 from driver.devices.net import NicFilter, NicSelector
+from driver.kubelet import sockets
 
 DEFAULT_DRIVER = "accel.dra.io"
-UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 
 
 class ConfigError(ValueError):
@@ -82,6 +82,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("xid_recovery_seconds", "--xid-recovery-seconds", "XID_RECOVERY_SECONDS", "0",
            "clear an XID condition this long after it began if the GPU answers; 0: keep it "
            "until the driver restarts"),
+    Option("registration_timeout", "--registration-timeout", "REGISTRATION_TIMEOUT", "30",
+           "seconds to wait for the kubelet to confirm a registration before offering a new "
+           "registration socket (the kubelet never retries one by itself)"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -112,6 +115,7 @@ class Config:
     health_interval: float = 5.0
     ignored_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
     xid_recovery_seconds: float = 0.0
+    registration_timeout: float = 30.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -119,13 +123,14 @@ class Config:
 
     @property
     def dra_socket(self) -> Path:
-        name = f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock"
-        return self.plugin_dir / name
+        candidates = sockets.dra_candidates(self.plugin_dir, self.pod_uid)
+        return sockets.first_fitting(candidates) or candidates[0]
 
     @property
     def registration_socket(self) -> Path:
-        name = f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver_name}-reg.sock"
-        return self.kubelet_registrar_dir / name
+        candidates = sockets.registration_candidates(self.kubelet_registrar_dir, self.driver_name,
+                                                     self.pod_uid)
+        return sockets.first_fitting(candidates) or candidates[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +218,13 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
             f"{source['driver_name']}: driver name {driver!r} must be a lower-case DNS "
             "subdomain of at most 63 characters, e.g. accel.example.com"
         )
+    if not names.is_cdi_vendor_or_class(driver):
+        # Valid for Kubernetes, but the driver name is also the CDI vendor of every spec we
+        # write, and CDI requires a vendor to start with a letter: every prepare would fail.
+        raise ConfigError(
+            f"{source['driver_name']}: driver name {driver!r} is also the CDI vendor name, "
+            "which must start with a letter (e.g. accel.example.com, not 1accel.example.com)"
+        )
     node = raw["node_name"] or socket.gethostname().lower()
     if not names.is_dns_subdomain(node):
         raise ConfigError(f"{source['node_name']}: node name {node!r} is not a DNS subdomain")
@@ -239,6 +251,10 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
     log_level = str(raw["log_level"]).lower()
     if log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{source['log_level']}: {log_level!r} is not debug, info, warning or error")
+    metrics_port, healthz_port = get("metrics_port", _port), get("healthz_port", _port)
+    if metrics_port and metrics_port == healthz_port:
+        raise ConfigError(f"{source['metrics_port']} and {source['healthz_port']}: both are "
+                          f"{metrics_port}; metrics and probes need two ports")
     pod_uid = raw["pod_uid"]
     if pod_uid is not None and not names.is_dns_label(pod_uid.lower()):
         raise ConfigError(f"{source['pod_uid']}: {pod_uid!r} is not a pod UID")
@@ -255,8 +271,8 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
         proc_root=get("proc_root", _absolute) or Path("/proc"),
         mock=mock,
         kubeconfig=get("kubeconfig", _absolute),
-        metrics_port=get("metrics_port", _port),
-        healthz_port=get("healthz_port", _port),
+        metrics_port=metrics_port,
+        healthz_port=healthz_port,
         log_format=log_format,
         log_level=log_level,
         nic_filter=NicFilter(
@@ -273,13 +289,18 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
         ignored_xids=get("ignored_xids", _xids),
         xid_recovery_seconds=0.0 if str(raw["xid_recovery_seconds"]) == "0"
         else get("xid_recovery_seconds", _seconds),
+        registration_timeout=get("registration_timeout", _seconds),
     )
-    for label, path in (("registration socket", config.registration_socket),
-                        ("DRA socket", config.dra_socket)):
-        # The socket is bound under a private name of up to 16 bytes, then renamed.
-        longest = len(os.fsencode(str(path.parent))) + 1 + max(len(os.fsencode(path.name)), 16)
-        if longest > UNIX_PATH_MAX:
+    for label, source_name, candidates in (
+        ("registration socket", source["kubelet_registrar_dir"],
+         sockets.registration_candidates(config.kubelet_registrar_dir, driver, config.pod_uid)),
+        ("DRA socket", source["kubelet_plugins_dir"],
+         sockets.dra_candidates(config.plugin_dir, config.pod_uid)),
+    ):
+        if sockets.first_fitting(candidates) is None:
             raise ConfigError(
-                f"{label} path {path} is longer than {UNIX_PATH_MAX} bytes, the unix socket limit"
+                f"{source_name}: the {label} path {candidates[-1]} (its shortest form) is "
+                f"longer than {sockets.UNIX_PATH_MAX} bytes, the unix socket limit; use a "
+                "shorter directory or driver name"
             )
     return config

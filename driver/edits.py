@@ -39,9 +39,14 @@ def build(
     request: str,
     dev_root: Path,
     driver_mounts: tuple[Mount, ...] = (),
+    admin_access: bool = False,
 ) -> ContainerEdits:
     prefix = env_prefix(device.name)
     env = [f"{prefix}_CLAIM={claim}", f"{prefix}_REQUEST={request}"]
+    if admin_access:
+        # The device may be in use by another claim's pod at the same time: say so, so
+        # that monitoring tools do not reset or reconfigure it.
+        env.append(f"{prefix}_ADMIN_ACCESS=true")
     if device.pci is not None:
         env.append(f"{prefix}_PCI_BUS_ID={device.attributes.get(PCI_BUS_ID, device.pci.bus_id)}")
     nodes = list(device.device_nodes)
@@ -70,6 +75,9 @@ def build(
         inside = nic.interfaceName or ifname
         env.append(f"{prefix}_IFNAME={inside if nic.moveInterface else ifname}")
         if nic.moveInterface:
+            if admin_access:
+                raise EditsError(f"NIC {device.name} is allocated with admin access and may be "
+                                 "in use by another claim: moveInterface would take it away")
             if not ifname:
                 raise EditsError(f"NIC {device.name} has no network interface to move")
             net.append(NetDevice(ifname, inside))

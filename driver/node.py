@@ -10,6 +10,7 @@ from driver.config import Config
 from driver.devices import mock
 from driver.devices.discovery import Sources
 from driver.devices.nvml import load_nvml
+from driver.instance import Instance
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,22 @@ class NodeRoots:
         return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter)
 
 
-def open_node(config: Config, mock_root: Path | None = None) -> NodeRoots:
+def open_node(config: Config, mock_root: Path | None = None,
+              instance: Instance | None = None) -> NodeRoots:
     """The real node, or the mock profile's trees generated under `mock_root`
-    (default: `<state-dir>/mock`, so that CDI host paths stay valid while the driver runs)."""
+    (default: `<state-dir>/mock`, so that CDI host paths stay valid while the driver runs).
+    While another instance runs (an upgrade), its mock tree is shared, not rebuilt."""
     if config.mock is None:
         return NodeRoots(config.sysfs_root, config.dev_root, config.proc_root, load_nvml(),
                          driver_root_host=config.nvidia_driver_root,
                          driver_root_local=config.nvidia_driver_root_mount)
-    node = mock.build(config.mock, mock_root or config.state_dir / "mock")
+    root = mock_root or config.state_dir / "mock"
+    node = None
+    if instance is not None and instance.peers():
+        node = mock.attach(config.mock, root)
+        if node is None:  # the other instance runs another profile: keep out of its way
+            root = root.with_name(f"{root.name}-{instance.token}")
+    if node is None:
+        node = mock.build(config.mock, root)
     return NodeRoots(node.sysfs, node.dev, node.proc, node.nvml, node,
                      driver_root_host=node.driver_root, driver_root_local=node.driver_root)

@@ -5,11 +5,15 @@ Start order matters: the DRA service socket is up before the registration socket
 because the kubelet dials the endpoint right after GetInfo. Stop order is the reverse:
 the registration socket goes first so the kubelet stops sending new calls, then in-flight
 calls get a grace period. Slices are left in place for the next instance.
+
+During a seamless upgrade another instance of this driver runs beside this one, sharing
+the directories (driver/instance.py): the newest instance publishes, both serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 from dataclasses import dataclass, field
 
@@ -27,6 +31,7 @@ from driver.devices.model import Inventory
 from driver.devices.nvlibs import DriverFiles
 from driver.health import HealthState, Prober, XidWatcher
 from driver.hotplug import Rediscovery, UeventMonitor
+from driver.instance import Instance
 from driver.kube import Kube, api_client
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
@@ -40,6 +45,11 @@ from driver.probes import HttpEndpoint, Probes
 from driver.publisher import Publisher
 
 GRACE_SECONDS = 5.0
+REGISTRATION_BACKOFF_CAP = 300.0
+
+
+class StartupError(Exception):
+    """The plugin cannot start as configured; the message names the option."""
 
 
 @dataclass
@@ -67,22 +77,33 @@ class Plugin:
     prober: Prober
     metrics: Metrics
     probes: Probes
+    instance: Instance
     xid: XidWatcher | None = None
     uevents: UeventMonitor | None = None
     endpoints: list[HttpEndpoint] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _servers: list[grpc.aio.Server] = field(default_factory=list)
     _sockets: list[OwnedSocket] = field(default_factory=list)
+    _registrar: tuple[grpc.aio.Server, OwnedSocket] | None = None
 
     @classmethod
     def create(cls, config: Config, kube: Kube | None = None) -> "Plugin":
-        node = open_node(config)
+        instance = Instance.register(config.state_dir, config.pod_uid)
+        try:
+            return cls._create(config, kube, instance)
+        except BaseException:
+            instance.release()
+            raise
+
+    @classmethod
+    def _create(cls, config: Config, kube: Kube | None, instance: Instance) -> "Plugin":
+        node = open_node(config, instance=instance)
         result = discover(node.sources(config))
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
         kube = kube or Kube(api_client(config.kubeconfig))
-        checkpoint = Checkpoint(config.state_dir)
+        checkpoint = Checkpoint(config.state_dir, instance)
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 
         def driver_mounts() -> tuple[Mount, ...]:
@@ -93,7 +114,7 @@ class Plugin:
             pool=config.node_name,
             inventory=inventory,
             claims=ClaimReader(kube),
-            cdi_writer=CdiWriter(config.cdi_root, config.driver_name),
+            cdi_writer=CdiWriter(config.cdi_root, config.driver_name, instance),
             checkpoint=checkpoint,
             boot_id=read_boot_id(node.proc),
             dev_root=node.dev,
@@ -105,7 +126,8 @@ class Plugin:
         metrics = Metrics(config.driver_name)
         health = HealthState(config.driver_name, inventory)
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
-                              taints=health.taints, metrics=metrics)
+                              taints=health.taints, metrics=metrics,
+                              newer_instance=lambda: instance.newer_peer())
         health.subscribe(publisher.trigger)
 
         def changed(new: DiscoveryResult) -> None:
@@ -133,7 +155,7 @@ class Plugin:
 
         xid = XidWatcher(node.nvml, health, config.ignored_xids) if node.nvml is not None else None
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
-                   health, prober, metrics, Probes(ready), xid)
+                   health, prober, metrics, Probes(ready), instance, xid)
 
     async def start(self) -> None:
         # Publishing, rediscovery and health run beside the servers: an unreachable API
@@ -149,25 +171,72 @@ class Plugin:
         if self.config.mock is None:
             self.uevents = UeventMonitor(self.rediscovery.notify)
             self.uevents.start()
-        if self.config.metrics_port:
-            self.endpoints.append(HttpEndpoint(self.config.metrics_port, registry=self.metrics.registry).start())
-        if self.config.healthz_port:
-            self.endpoints.append(HttpEndpoint(self.config.healthz_port, probes=self.probes).start())
+        self._listen(self.config.metrics_port, "--metrics-port", registry=self.metrics.registry)
+        self._listen(self.config.healthz_port, "--healthz-port", probes=self.probes)
 
         dra = grpc.aio.server()
         service.add_to_server(dra, self.preparer, self.metrics)
         health_stream.add_to_server(dra, self.health, self.config.node_name)
-        await self._serve(dra, OwnedSocket(self.config.dra_socket))
-        reg = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
-        await self._serve(reg, OwnedSocket(self.config.registration_socket))
+        await self._serve(dra, OwnedSocket(self.config.dra_socket, self.instance.token))
+        await self._offer_registration()
+        self._tasks.append(asyncio.create_task(self._registration_loop(), name="registration"))
         structlog.get_logger(component="plugin").info(
             "plugin_serving", driver=self.config.driver_name, node=self.config.node_name,
             dra_socket=str(self.config.dra_socket),
             registration_socket=str(self.config.registration_socket),
             devices=len(self.holder.inventory.devices),
             mock=self.config.mock.name if self.config.mock else None,
+            instance=self.instance.token,
         )
+
+    def _listen(self, port: int, option: str, **routes) -> None:
+        if not port:
+            return
+        try:
+            self.endpoints.append(HttpEndpoint(port, **routes).start())
+        except OSError as err:
+            why = "is already in use" if err.errno == errno.EADDRINUSE else f"cannot be opened ({err.strerror})"
+            raise StartupError(f"{option} {port}: the port {why}; another process on this "
+                               "network namespace holds it (pick another port, or 0 to disable)") from err
+
+    async def _offer_registration(self) -> None:
+        """Bind a fresh registration socket and move it onto the public name; the old
+        server (if any) stops afterwards, so the kubelet always finds a socket there."""
+        server = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        sock = OwnedSocket(self.config.registration_socket, self.instance.token)
+        server.add_insecure_port(sock.address())
+        await server.start()
+        sock.publish()
+        old, self._registrar = self._registrar, (server, sock)
+        if old is not None:
+            await old[0].stop(1.0)
+
+    async def _registration_loop(self) -> None:
+        """Re-offer the registration socket when the kubelet rejected us or never answered;
+        the kubelet itself never retries a socket it has seen."""
+        log = structlog.get_logger(component="registration")
+        timeout = self.config.registration_timeout
+        attempt = 0
+        while True:
+            waiting = None if self.registration.registered.is_set() else timeout
+            outcome = await self.registration.outcome(waiting)
+            if outcome:
+                attempt = 0
+                timeout = self.config.registration_timeout
+                continue
+            attempt += 1
+            if outcome is False:
+                delay = min(REGISTRATION_BACKOFF_CAP, 2.0 ** (attempt - 1))
+                error = self.registration.last_error
+            else:  # no answer at all: the wait was the delay; wait longer next time
+                delay = 0.0
+                error = f"no NotifyRegistrationStatus from the kubelet within {timeout:g}s"
+                timeout = min(REGISTRATION_BACKOFF_CAP, timeout * 2)
+            log.warning("kubelet_registration_retry", attempt=attempt, error=error,
+                        retry_in=delay, socket=str(self.config.registration_socket))
+            await asyncio.sleep(delay)
+            await self._offer_registration()
 
     async def _probe_loop(self) -> None:
         log = structlog.get_logger(component="health")
@@ -186,6 +255,14 @@ class Plugin:
         self._sockets.append(sock)
 
     async def stop(self) -> None:
+        for task in self._tasks:
+            if task.get_name() == "registration":
+                task.cancel()
+        if self._registrar is not None:
+            server, sock = self._registrar
+            self._registrar = None
+            sock.remove()  # first: the kubelet stops sending new calls
+            await server.stop(GRACE_SECONDS)
         for server, sock in reversed(list(zip(self._servers, self._sockets))):
             sock.remove()
             await server.stop(GRACE_SECONDS)
@@ -200,6 +277,7 @@ class Plugin:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for endpoint in self.endpoints:
             endpoint.stop()
+        self.instance.release()
         structlog.get_logger(component="plugin").info("plugin_stopped")
 
 
@@ -216,8 +294,8 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await plugin.start()
     try:
+        await plugin.start()
         await stop.wait()
     finally:
         await plugin.stop()

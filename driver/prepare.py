@@ -1,11 +1,17 @@
 """NodePrepareResources / NodeUnprepareResources: allocated claim -> CDI devices.
 
-Per claim, in order, all checks before any write:
-  checkpoint says prepared (same boot, spec present) -> same answer, nothing written
-  checkpoint says prepared (reboot or spec gone)     -> spec rebuilt from current hardware
-  otherwise: GET claim, check UID and allocation, pick this driver's results for this
-  node's pool, resolve devices, decode configs, build the spec -> write the spec ->
-  record PrepareCompleted.
+Per claim, in order:
+  GET the claim (outside every lock: the API server is the slow part), check its UID and
+  allocation, pick this driver's results for this node's pool, resolve the devices and
+  decode the configs. Then, holding the claim's lock and the cross-process lock (the
+  other driver pod of an upgrade shares our directories), change local state only:
+    checkpoint has the same allocation, same boot, spec present -> same answer, no write
+    same allocation but rebooted or spec gone                   -> spec rebuilt
+    no record, or the claim was reallocated under the same UID  -> exclusivity check
+                                                                   against other claims,
+                                                                   spec, PrepareCompleted
+A record alone is never trusted: a claim can be deallocated and allocated anew (other
+devices) while keeping its UID, and the kubelet would then get yesterday's devices.
 The spec's file name is derived from the claim UID, so a crash between the two writes
 leaves a spec that the retried Prepare overwrites or Unprepare removes without needing a
 record; a record only ever describes a spec that was fully written. (An earlier design
@@ -82,23 +88,21 @@ class Preparer:
             counts[ref.uid] = counts.get(ref.uid, 0) + 1
         results = {}
         tasks = {}
-        async with self.process_lock.hold():
-            for ref in refs:
-                if counts[ref.uid] > 1:
-                    results[ref.uid] = failed(error=f"claim {ref} (UID {ref.uid}) appears "
-                                                    f"{counts[ref.uid]} times in one request")
-                elif ref.uid not in tasks:
-                    tasks[ref.uid] = asyncio.create_task(self._locked(ref, operation, failed))
-            for uid, task in tasks.items():
-                results[uid] = await task
+        for ref in refs:
+            if counts[ref.uid] > 1:
+                results[ref.uid] = failed(error=f"claim {ref} (UID {ref.uid}) appears "
+                                                f"{counts[ref.uid]} times in one request")
+            elif ref.uid not in tasks:
+                tasks[ref.uid] = asyncio.create_task(self._guarded(ref, operation, failed))
+        for uid, task in tasks.items():
+            results[uid] = await task
         return results
 
-    async def _locked(self, ref: ClaimRef, operation, failed):
+    async def _guarded(self, ref: ClaimRef, operation, failed):
         log = self.log.bind(claim_uid=ref.uid, claim_namespace=ref.namespace, claim_name=ref.name)
         try:
             ref.check()
-            async with self.locks.hold(ref.uid):
-                return await asyncio.to_thread(operation, ref, log)
+            return await operation(ref, log)
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             log.warning("claim_failed", operation=operation.__name__.strip("_").removesuffix("_one"),
                         error=str(err))
@@ -110,22 +114,54 @@ class Preparer:
             log.exception("claim_internal_error")
             return failed(error=f"claim {ref}: internal error: {err!r}")
 
-    # -- prepare -------------------------------------------------------------------------
-    def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
-        record = self._record(ref, log)
-        if record is not None and record.state is State.PREPARE_COMPLETED:
-            if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
-                log.debug("claim_already_prepared")
-                return PrepareOutcome(record.devices)
-            # Rebooted (tmpfs /var/run/cdi is empty, minors may differ) or spec deleted:
-            # rebuild from the recorded allocation and today's hardware.
-            self._write(ref, record.devices, log, reason="restored")
-            return PrepareOutcome(record.devices)
+    async def _local(self, ref: ClaimRef, change, *args):
+        """Run a local state change of one claim under its lock and the cross-process lock."""
+        async with self.locks.hold(ref.uid):
+            async with self.process_lock.hold():
+                return await asyncio.to_thread(change, ref, *args)
 
-        allocation = allocation_for(self.claims.get(ref), ref, self.driver)
+    # -- prepare -------------------------------------------------------------------------
+    async def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
+        claim = await asyncio.to_thread(self.claims.get, ref)
+        allocation = allocation_for(claim, ref, self.driver)
         prepared = self._resolve(ref, allocation)
-        self._write(ref, prepared, log, reason="prepared")
+        return await self._local(ref, self._prepare_locally, prepared, log)
+
+    def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log) -> PrepareOutcome:
+        record = self._record(ref, log)
+        reason = "prepared"
+        if record is not None and record.state is State.PREPARE_COMPLETED:
+            if record.devices == prepared:
+                if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
+                    log.debug("claim_already_prepared")
+                    return PrepareOutcome(record.devices)
+                # Rebooted (tmpfs /var/run/cdi is empty, minors may differ) or spec
+                # deleted: rebuild from the allocation and today's hardware.
+                self._write(ref, prepared, log, reason="restored")
+                return PrepareOutcome(prepared)
+            log.info("claim_reallocated", was=[d.device for d in record.devices],
+                     now=[d.device for d in prepared])
+            reason = "reprepared"
+        self._check_exclusive(ref, prepared)
+        self._write(ref, prepared, log, reason=reason)
         return PrepareOutcome(prepared)
+
+    def _check_exclusive(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> None:
+        """A device prepared for one claim is not handed to another, unless one of the two
+        has admin access (monitoring beside a workload) or the scheduler allocated it as a
+        share (shareID: a device that allows multiple allocations)."""
+        wanted = {p.device: p for p in prepared if not p.admin_access and p.share_id is None}
+        if not wanted:
+            return
+        for other in self.checkpoint.records():
+            if other.uid == ref.uid or other.state is not State.PREPARE_COMPLETED:
+                continue
+            for held in other.devices:
+                if held.device in wanted and not held.admin_access and held.share_id is None:
+                    raise ClaimError(
+                        f"claim {ref}: device {held.device} is already prepared for claim "
+                        f"{other.namespace}/{other.name} (UID {other.uid}) and is not shared; "
+                        "it is prepared again only after that claim is unprepared")
 
     def _record(self, ref: ClaimRef, log) -> ClaimRecord | None:
         try:
@@ -152,6 +188,7 @@ class Preparer:
                 request=result.request, pool=result.pool, device=device.name,
                 cdi_ids=(cdi.qualified_id(self.cdi.vendor, cdi_name),),
                 config=opaque.to_dict(config), share_id=result.share_id,
+                admin_access=result.admin_access,
             ))
         names = [p.device for p in prepared]
         if len(set(names)) != len(names):
@@ -188,7 +225,8 @@ class Preparer:
             config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
             container_edits = edits.build(device, config, claim=str(ref),
                                           request=base_request(prepared.request),
-                                          dev_root=self.dev_root, driver_mounts=driver_mounts)
+                                          dev_root=self.dev_root, driver_mounts=driver_mounts,
+                                          admin_access=prepared.admin_access)
             cdi_devices.append(CdiDevice(f"{ref.uid}-{device.name}", container_edits))
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
         self.cdi.write(ref.uid, spec)
@@ -198,7 +236,11 @@ class Preparer:
                  cdi_version=spec["cdiVersion"])
 
     # -- unprepare -----------------------------------------------------------------------
-    def _unprepare_one(self, ref: ClaimRef, log) -> str:
+    async def _unprepare_one(self, ref: ClaimRef, log) -> str:
+        # Never the API server: the claim may be gone already (checkpoint data only).
+        return await self._local(ref, self._unprepare_locally, log)
+
+    def _unprepare_locally(self, ref: ClaimRef, log) -> str:
         # The spec goes first: once the record is gone nothing remembers the spec, while a
         # record without a spec is harmless and removed by the retry.
         removed_spec = self.cdi.remove(ref.uid)

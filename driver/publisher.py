@@ -11,6 +11,15 @@ field selectors spec.nodeName and spec.driver) and writes only the difference:
   The scheduler trusts a pool only when all slices of its highest generation are there,
   so it never mixes old and new device sets.
 
+Quantities are compared by value: the API server stores `40960Mi` as `40Gi`, and a
+string comparison would rewrite such a slice on every pass. Updates start from the live
+object, so labels, annotations, finalizers and owner references others added survive;
+deletes carry the UID and resourceVersion we saw, so a slice re-created meanwhile stays.
+
+During a seamless upgrade two instances run; only the newest live one writes
+(`newer_instance`), the older stands by and takes over again if the newer one goes. With
+an unchanged inventory neither writes anything.
+
 A watch on our slices triggers a reconcile whenever someone else deletes or edits one
 (the kubelet deletes a driver's slices at its start and after the driver disconnects).
 API errors are retried with capped exponential backoff and jitter; prepare calls do not
@@ -20,12 +29,14 @@ depend on any of this.
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
+from kubernetes.utils import parse_quantity
 
 from driver import slices
 from driver.devices.model import Inventory
@@ -36,6 +47,7 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 RESYNC_SECONDS = 300.0
 WATCH_SECONDS = 240
+STANDBY_RECHECK_SECONDS = 5.0  # how soon a standing-by instance notices the newer one gone
 
 
 @dataclass
@@ -44,6 +56,7 @@ class PublishStats:
     failures: int = 0
     reconciles: int = 0
     published: bool = False  # the first complete publish is done (readiness)
+    deferred: int = 0  # writes left to a newer instance
 
 
 # The device fields this driver writes. Anything else in a listed slice (defaults a newer
@@ -52,9 +65,28 @@ class PublishStats:
 _DEVICE_FIELDS = ("attributes", "capacity", "taints")
 
 
+def _quantity(value: Any) -> Any:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        return value  # not a quantity (someone else's edit): compared as it is
+
+
 def _device(device: dict) -> dict:
     body = device.get("basic", device)  # v1beta1 nests the fields under `basic`
-    return {"name": device.get("name"), **{k: body[k] for k in _DEVICE_FIELDS if body.get(k)}}
+    fields = {k: body[k] for k in _DEVICE_FIELDS if body.get(k)}
+    if isinstance(fields.get("capacity"), dict):
+        fields["capacity"] = {
+            name: ({**c, "value": _quantity(c.get("value"))} if isinstance(c, dict) else c)
+            for name, c in fields["capacity"].items()
+        }
+    return {"name": device.get("name"), **fields}
+
+
+def _node_owners(obj: dict) -> list:
+    """Our owner reference (the Node); references others added are theirs to keep."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [r for r in refs if isinstance(r, dict) and r.get("kind") == "Node"]
 
 
 def _content(obj: dict) -> dict:
@@ -67,7 +99,7 @@ def _content(obj: dict) -> dict:
         "nodeName": spec.get("nodeName"),
         "pool": pool,
         "devices": [_device(d) for d in spec.get("devices") or []],
-        "owners": (obj.get("metadata") or {}).get("ownerReferences") or [],
+        "owners": _node_owners(obj),
     }
 
 
@@ -99,6 +131,9 @@ class Publisher:
     node_uid: str | None = None
     metrics: Any = None  # driver.metrics.Metrics, optional
     taints_supported: bool = True
+    # The newest live instance of this driver on the node that started after us, if any
+    # (driver/instance.py); while there is one, it publishes and we do not.
+    newer_instance: Callable[[], Any] = lambda: None
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -107,6 +142,7 @@ class Publisher:
         self._stop = threading.Event()
         self._rng = random.Random()
         self._published: tuple[int, dict] | None = None  # (generation, partition) we wrote
+        self._standing_by: Any = None  # the newer instance we leave writes to
 
     # -- triggers ------------------------------------------------------------------------
     def trigger(self) -> None:
@@ -176,11 +212,13 @@ class Publisher:
             and all(_pool(s, "resourceSliceCount") == len(desired) for s in existing.values())
         )
         writes = 0
+        changed = [o for o in desired if o["metadata"]["name"] not in existing
+                   or _differs(existing[o["metadata"]["name"]], o)]
+        if self._defer(bool(changed) or not in_place):
+            return 0
         if in_place:
-            for obj in desired:
-                old = existing.get(obj["metadata"]["name"])
-                if old is None or _differs(old, obj):
-                    writes += self._put(obj, old)
+            for obj in changed:
+                writes += self._put(obj, existing.get(obj["metadata"]["name"]))
             generation = current
         else:
             generation = current + 1
@@ -189,7 +227,7 @@ class Publisher:
                 writes += self._put(obj, existing.get(obj["metadata"]["name"]))
             keep = {o["metadata"]["name"] for o in desired}
             for name in sorted(set(existing) - keep):
-                writes += self._delete(name)
+                writes += self._delete(existing[name])
             self.log.info("pool_generation_published", generation=generation, slices=len(desired),
                           devices=sum(len(o["spec"]["devices"]) for o in desired))
         self._published = (generation, want)
@@ -197,14 +235,30 @@ class Publisher:
         self.stats.published = True
         return writes
 
+    def _defer(self, would_write: bool) -> bool:
+        """True while a newer instance publishes: then this one writes nothing."""
+        newer = self.newer_instance()
+        if newer is None:
+            if self._standing_by is not None:
+                self.log.info("publishing_resumed", newer_instance=self._standing_by.token)
+                self._standing_by = None
+            return False
+        if self._standing_by != newer:
+            self.log.info("publishing_left_to_newer_instance", newer_instance=newer.token)
+            self._standing_by = newer
+        self._published = None  # the newer instance may change the partition
+        self.stats.published = True  # the node's slices are kept: not a reason to be unready
+        if would_write:
+            self.stats.deferred += 1
+        return True
+
     def _put(self, obj: dict, have: dict | None) -> int:
         name = obj["metadata"]["name"]
         if have is None:
             stored = self.kube.request("POST", self._base(), body=obj)
             self.log.debug("slice_created", slice=name)
         else:
-            obj["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
-            stored = self.kube.request("PUT", f"{self._base()}/{name}", body=obj)
+            stored = self.kube.request("PUT", f"{self._base()}/{name}", body=_updated(have, obj))
             self.log.debug("slice_updated", slice=name)
         sent = any(d.get("taints") for d in obj["spec"]["devices"])
         kept = any(d.get("taints") for d in (stored or {}).get("spec", {}).get("devices", []))
@@ -216,10 +270,22 @@ class Publisher:
             self.metrics.publish_writes.inc()
         return 1
 
-    def _delete(self, name: str) -> int:
+    def _delete(self, have: dict) -> int:
+        """Delete the slice we listed, and only that one: a slice re-created or changed
+        since (another instance, a restarted kubelet) fails the preconditions and stays."""
+        meta = have["metadata"]
+        name = meta["name"]
+        options = {"apiVersion": "v1", "kind": "DeleteOptions",
+                   "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         try:
-            self.kube.request("DELETE", f"{self._base()}/{name}")
+            self.kube.request("DELETE", f"{self._base()}/{name}", body=options)
         except NotFound:
+            return 0
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            self.log.info("slice_delete_skipped", slice=name, reason="changed since listed")
+            self.trigger()
             return 0
         self.log.debug("slice_deleted", slice=name)
         if self.metrics is not None:
@@ -229,7 +295,7 @@ class Publisher:
     def delete_all(self) -> int:
         """`dra-driver cleanup`: remove this node's slices on purpose."""
         self.negotiate()
-        return sum(self._delete(s["metadata"]["name"]) for s in self.list_existing())
+        return sum(self._delete(s) for s in self.list_existing())
 
     # -- loops ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -244,6 +310,8 @@ class Publisher:
                     await asyncio.to_thread(self.reconcile)
                     failures = 0
                     delay = self.resync_seconds
+                    if self._standing_by is not None:
+                        delay = min(delay, STANDBY_RECHECK_SECONDS)
                 except Exception as err:  # ApiError, and anything a bad slice of someone else's causes
                     failures += 1
                     self.stats.failures += 1
@@ -287,3 +355,20 @@ class Publisher:
                 self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
                 self._stop.wait(delay)
                 self.trigger()
+
+
+def _updated(live: dict, desired: dict) -> dict:
+    """The PUT body: the live object (resourceVersion, labels, annotations, finalizers and
+    what else others keep there) with our spec and our Node owner reference."""
+    body = copy.deepcopy(live)
+    body["apiVersion"] = desired["apiVersion"]
+    body["kind"] = desired["kind"]
+    body["spec"] = desired["spec"]
+    meta = body.setdefault("metadata", {})
+    theirs = [r for r in meta.get("ownerReferences") or [] if r not in _node_owners(live)]
+    ours = desired["metadata"].get("ownerReferences") or []
+    if ours or theirs:
+        meta["ownerReferences"] = ours + theirs
+    else:
+        meta.pop("ownerReferences", None)
+    return body

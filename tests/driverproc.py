@@ -57,9 +57,15 @@ class DriverProcess:
     driver: str = DRIVER
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    # Run inside this command (e.g. tests/netns.py in its own network namespace).
+    wrapper: list[str] = field(default_factory=list)
+    # False: the defaults 9400/9401, as the chart starts the driver.
+    disable_ports: bool = True
 
     def args(self) -> list[str]:
+        ports = ["--metrics-port", "0", "--healthz-port", "0"] if self.disable_ports else []
         return [
+            *self.wrapper,
             sys.executable, "-m", "driver", "run",
             "--node-name", self.node, "--driver-name", self.driver, "--mock", self.profile,
             "--kubeconfig", str(self.api.kubeconfig(self.dirs.root)),
@@ -67,7 +73,7 @@ class DriverProcess:
             "--kubelet-plugins-dir", str(self.dirs.plugins),
             "--cdi-root", str(self.cdi_root or self.dirs.cdi),
             "--state-dir", str(self.dirs.state),
-            "--metrics-port", "0", "--healthz-port", "0", "--log-format", "json",
+            *ports, "--log-format", "json",
             *self.extra,
         ]
 

@@ -18,8 +18,10 @@ def test_concurrent_overlapping_calls_equal_serial_outcome():
     with ApiServer() as api:
         driver = DriverProcess(api, dirs).start()
         kubelet = driver.kubelet()
-        devices = [GPU, GPU2, NIC, VF]
-        claims = [new_claim(api, f"c{i}", [result("r", devices[i % 4])]) for i in range(8)]
+        # One device per claim: a device prepared for one claim is refused to another.
+        devices = [GPU, GPU2, NIC, VF, "nic-0000-22-00-0", "nic-0000-41-00-3",
+                   "nic-0000-41-00-4", "nic-0000-41-00-5"]
+        claims = [new_claim(api, f"c{i}", [result("r", devices[i])]) for i in range(8)]
         rng = random.Random(1)
         plan = [(rng.choice(claims), rng.random() < 0.6) for _ in range(400)]
         answers: dict[str, set] = {c.uid: set() for c in claims}
@@ -109,7 +111,8 @@ def test_two_instances_serve_side_by_side_and_remove_only_their_sockets():
         assert new_kubelet.prepare([claim]).claims[claim.uid] == first
 
         # Concurrent calls through both processes for the same claims stay consistent.
-        claims = [new_claim(api, f"both{i}", [result("gpu", GPU2)]) for i in range(6)]
+        claims = [new_claim(api, f"both{i}", [result("nic", dev)]) for i, dev in enumerate(
+            [GPU2, NIC, VF, "nic-0000-22-00-0", "nic-0000-41-00-3", "nic-0000-41-00-4"])]
 
         def churn(kubelet, seed):
             rng = random.Random(seed)

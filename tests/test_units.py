@@ -11,6 +11,7 @@ from driver import cdi, edits, names, opaque, slices
 from driver.cdi import CdiDevice, ContainerEdits, DeviceNode, NetDevice
 from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
 from driver.devices.model import Device, DeviceKind, Inventory, Version
+from driver.instance import Instance
 from driver.locks import KeyedLocks
 from tests.cdi_check import check_spec
 
@@ -72,7 +73,7 @@ def test_semver_normalization():
 
 
 def test_checkpoint_round_trip_and_errors(tmp_path):
-    checkpoint = Checkpoint(tmp_path)
+    checkpoint = Checkpoint(tmp_path, Instance.register(tmp_path, None))
     record = ClaimRecord("0b1c", "ns", "name", State.PREPARE_COMPLETED, "boot",
                          (PreparedDevice("r/s", "pool", "gpu-0", ("v/claim=0b1c-gpu-0",), {"kind": "GpuConfig", "env": {}}),))
     checkpoint.put(record)
@@ -127,6 +128,7 @@ def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
     from tests.conftest import discover_profile
 
     node, result = discover_profile("mixed", tmp_path / "m")
+    instance = Instance.register(tmp_path / "state", None)
 
     class Reader:
         def get(self, ref):
@@ -136,8 +138,8 @@ def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
                 {"request": "r", "driver": "accel.dra.io", "pool": "n", "device": "gpu-0000-11-00-0"}]}}}}
 
     preparer = Preparer(driver="accel.dra.io", pool="n", inventory=lambda: result.inventory,
-                        claims=Reader(), cdi_writer=cdi.CdiWriter(tmp_path / "cdi", "accel.dra.io"),
-                        checkpoint=Checkpoint(tmp_path / "state"), boot_id="b", dev_root=node.dev,
+                        claims=Reader(), cdi_writer=cdi.CdiWriter(tmp_path / "cdi", "accel.dra.io", instance),
+                        checkpoint=Checkpoint(tmp_path / "state", instance), boot_id="b", dev_root=node.dev,
                         process_lock=ProcessLock(tmp_path / "lock"))
     good, bad = ClaimRef("ns", "ok", "0a-1"), ClaimRef("ns", "boom", "0b-2")
     outcomes = asyncio.run(preparer.prepare([good, bad]))

@@ -67,27 +67,43 @@ class NicFilter:
     exclude_default_route: bool = True
 
     def reason_to_skip(
-        self, ifname: str, function: pci.PciFunction, default_route: set[str]
+        self, ifname: str, function: pci.PciFunction, default_route: set[str] | None
     ) -> str | None:
         for rule in self.exclude:
             if rule.matches(ifname, function):
                 return f"excluded by NIC filter {rule}"
         if self.include and not any(r.matches(ifname, function) for r in self.include):
             return "not matched by any NIC include filter"
+        if self.exclude_default_route and default_route is None:
+            # Fail closed: giving away the management NIC cuts the node off.
+            return ("the node's routing table cannot be read, so this NIC might carry the "
+                    "default route (set --nic-allow-default-route to publish anyway)")
         if self.exclude_default_route and ifname in default_route:
             return "carries the node's default route (management NIC)"
         return None
 
 
-def default_route_interfaces(proc: Path) -> set[str]:
-    """Interfaces with an IPv4 or IPv6 default route, from /proc/net/{route,ipv6_route}."""
+def route_table(proc: Path, name: str) -> Path:
+    """The host's routing table: /proc/1/net/... is PID 1's network namespace, which is the
+    host's also when the driver runs in a pod of its own network namespace with the host's
+    /proc mounted (/proc/net would be our own namespace there). Captured trees without
+    PIDs fall back to /proc/net."""
+    host = proc / "1" / "net" / name
+    return host if (proc / "1").is_dir() else proc / "net" / name
+
+
+def default_route_interfaces(proc: Path) -> set[str] | None:
+    """Interfaces with an IPv4 or IPv6 default route, from the host's net/{route,
+    ipv6_route}; None when the IPv4 table cannot be read (nothing is known then)."""
     found: set[str] = set()
-    text = pci.read_text(proc / "net" / "route") or ""
+    text = pci.read_text(route_table(proc, "route"))
+    if text is None:
+        return None
     for line in text.splitlines()[1:]:
         fields = line.split()
         if len(fields) >= 8 and fields[1] == "00000000" and fields[7] == "00000000":
             found.add(fields[0])
-    text = pci.read_text(proc / "net" / "ipv6_route") or ""
+    text = pci.read_text(route_table(proc, "ipv6_route")) or ""
     for line in text.splitlines():
         fields = line.split()
         if len(fields) >= 10 and fields[0] == "0" * 32 and fields[1] == "00" and fields[9] != "lo":

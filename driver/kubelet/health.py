@@ -18,9 +18,10 @@ from driver.health import HealthState
 
 # Kubelets 1.34-1.36 speak v1alpha1; newer ones v1. Both are served, newest first.
 SERVICE_NAMES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
-RESEND_SECONDS = 30.0
-# Devices not refreshed within this become UNKNOWN in the kubelet: twice the resend period.
-TIMEOUT_SECONDS = 60
+# Kubelets 1.34+ mark a device Unknown 30 s after its last update whatever timeout we
+# send, so the full list goes out every 10 s: two lost or late messages are tolerated.
+RESEND_SECONDS = 10.0
+TIMEOUT_SECONDS = 30
 
 
 class HealthService:

@@ -1,4 +1,10 @@
-"""The plugin registration service the kubelet dials on <registrar-dir>/<driver>-reg.sock."""
+"""The plugin registration service the kubelet dials on <registrar-dir>/<driver>-reg.sock.
+
+The kubelet registers a plugin once per socket it sees appear: if it rejects us
+(NotifyRegistrationStatus with plugin_registered=false) or the notification never comes,
+it does not try again by itself. The plugin then re-creates the socket (a new inode the
+kubelet's watcher reports as new) with backoff; `outcome()` is what that loop waits on.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +28,18 @@ class Registration(reg_grpc.RegistrationServicer):
         self.versions = versions
         self.registered = asyncio.Event()
         self.last_error: str | None = None
+        self._notified = asyncio.Event()
         self.log = structlog.get_logger(component="registration")
+
+    async def outcome(self, timeout: float | None) -> bool | None:
+        """Wait for the kubelet's next NotifyRegistrationStatus: True (registered), False
+        (rejected), None (nothing within `timeout`)."""
+        try:
+            await asyncio.wait_for(self._notified.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        self._notified.clear()
+        return self.registered.is_set()
 
     async def GetInfo(self, request, context):
         return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
@@ -37,4 +54,5 @@ class Registration(reg_grpc.RegistrationServicer):
             self.last_error = request.error
             self.registered.clear()
             self.log.error("kubelet_registration_failed", driver=self.driver, error=request.error)
+        self._notified.set()
         return reg_pb2.RegistrationStatusResponse()

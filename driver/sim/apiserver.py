@@ -3,7 +3,9 @@
 It serves resource.k8s.io discovery, ResourceClaims (GET), ResourceSlices (list with field
 selectors, get, create, update, delete, watch) and Nodes over real HTTP, so the driver's
 `kubernetes` client code path runs unchanged. Like the real server it validates slices
-(driver/sim/k8s_limits.py), enforces resourceVersion on updates (409), and disables Nagle.
+(driver/sim/k8s_limits.py), stores quantities canonically (`40960Mi` comes back as `40Gi`,
+driver/sim/quantity.py), enforces resourceVersion and UID on updates and delete
+preconditions (409), and disables Nagle.
 Tests can inject faults (status codes, delays) and read write counters.
 """
 
@@ -20,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from driver.sim import quantity
 from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
@@ -224,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        body = self._body() if method in ("POST", "PUT") else None
+        body = self._body() if method in ("POST", "PUT", "DELETE") else None
         if self._fault(method, url.path):
             return
         if method == "GET" and url.path == f"/apis/{GROUP}":
@@ -294,9 +297,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, _as_version(obj, version)) if obj else \
                     self._status(404, f"resourceslices {name!r} not found", "NotFound")
             if method == "DELETE":
-                obj = state.slices.pop(name, None)
+                obj = state.slices.get(name)
                 if obj is None:
                     return self._status(404, f"resourceslices {name!r} not found", "NotFound")
+                failed = _precondition_failure((body or {}).get("preconditions") or {}, obj)
+                if failed:
+                    return self._status(409, failed, "Conflict")
+                del state.slices[name]
                 state.writes.append(("delete", name))
                 state.resource_version += 1
                 _notify(state, "DELETED", obj)
@@ -305,6 +312,8 @@ class _Handler(BaseHTTPRequestHandler):
             if body.get("apiVersion") != f"{GROUP}/{version}" or body.get("kind") != "ResourceSlice":
                 return self._status(400, "body apiVersion/kind do not match the URL", "BadRequest")
             errors = slice_errors(body)
+            if not errors:
+                errors = _canonicalize_quantities(body)
             if errors:
                 return self._status(422, "ResourceSlice is invalid: " + "; ".join(errors), "Invalid")
             meta = body.setdefault("metadata", {})
@@ -319,6 +328,9 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._status(404, f"resourceslices {name!r} not found", "NotFound")
                 if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
                     return self._status(409, "the object has been modified", "Conflict")
+                failed = _precondition_failure({"uid": meta.get("uid")}, current)
+                if failed:
+                    return self._status(409, failed, "Conflict")
                 meta["uid"] = current["metadata"]["uid"]
                 verb = "update"
             state.resource_version += 1
@@ -359,6 +371,45 @@ class _Handler(BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.watchers.remove(events)
             self.close_connection = True
+
+
+def _precondition_failure(preconditions: dict, obj: dict) -> str | None:
+    """The real server's answer when a UID or resourceVersion precondition does not hold."""
+    meta = obj["metadata"]
+    for key in ("uid", "resourceVersion"):
+        want = preconditions.get(key)
+        if want and want != meta.get(key):
+            label = "UID" if key == "uid" else "ResourceVersion"
+            return (f"Precondition failed: {label} in precondition: {want}, "
+                    f"{label} in object meta: {meta.get(key)}")
+    return None
+
+
+def _canonicalize_quantities(body: dict) -> list[str]:
+    """Rewrite every quantity as the server stores it; errors for unparsable ones."""
+    errors = []
+
+    def fix(holder: dict, key: str, where: str) -> None:
+        try:
+            holder[key] = quantity.canonical(str(holder[key]))
+        except quantity.QuantityError as err:
+            errors.append(f"{where}: {err}")
+
+    spec = body.get("spec") or {}
+    for i, device in enumerate(spec.get("devices") or []):
+        fields = device.get("basic", device)
+        for name, cap in (fields.get("capacity") or {}).items():
+            if isinstance(cap, dict) and "value" in cap:
+                fix(cap, "value", f"spec.devices[{i}].capacity[{name}].value")
+        for j, use in enumerate(fields.get("consumesCounters") or []):
+            for name, counter in (use.get("counters") or {}).items():
+                if isinstance(counter, dict) and "value" in counter:
+                    fix(counter, "value", f"spec.devices[{i}].consumesCounters[{j}].counters[{name}].value")
+    for i, counter_set in enumerate(spec.get("sharedCounters") or []):
+        for name, counter in (counter_set.get("counters") or {}).items():
+            if isinstance(counter, dict) and "value" in counter:
+                fix(counter, "value", f"spec.sharedCounters[{i}].counters[{name}].value")
+    return errors
 
 
 def _to_v1(obj: dict, version: str) -> dict:

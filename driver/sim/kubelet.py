@@ -8,9 +8,11 @@ version both sides support.
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
@@ -26,6 +28,19 @@ VERSIONS = {"v1.DRAPlugin": (v1_pb2, v1_grpc), "v1beta1.DRAPlugin": (v1beta1_pb2
 
 class RegistrationRejected(Exception):
     pass
+
+
+def validate(info: reg_pb2.PluginInfo, known: tuple[str, ...]) -> str | None:
+    """What the kubelet's DRA handler checks before it accepts a plugin."""
+    if info.type != "DRAPlugin":
+        return f"unexpected plugin type {info.type!r}"
+    if not info.endpoint.startswith("/"):
+        return f"endpoint {info.endpoint!r} is not absolute"
+    if not info.supported_versions:
+        return "empty supported_versions"
+    if not any(v in known for v in info.supported_versions):
+        return f"none of {list(info.supported_versions)} is supported"
+    return None
 
 
 @dataclass
@@ -65,21 +80,17 @@ class FakeKubelet:
                 timeout=5)
         if error:
             raise RegistrationRejected(error)
+        return self.connect(info)
+
+    def connect(self, info: reg_pb2.PluginInfo) -> reg_pb2.PluginInfo:
+        """Dial the DRA endpoint of a registered plugin with the newest common version."""
         self.info = info
         self.version = next(v for v in info.supported_versions if v in self.known)
         self.channel = grpc.insecure_channel(f"unix://{info.endpoint}")
         return info
 
     def _validate(self, info: reg_pb2.PluginInfo) -> str | None:
-        if info.type != "DRAPlugin":
-            return f"unexpected plugin type {info.type!r}"
-        if not info.endpoint.startswith("/"):
-            return f"endpoint {info.endpoint!r} is not absolute"
-        if not info.supported_versions:
-            return "empty supported_versions"
-        if not any(v in self.known for v in info.supported_versions):
-            return f"none of {list(info.supported_versions)} is supported"
-        return None
+        return validate(info, self.known)
 
     def _stub(self, version: str | None):
         pb2, pb2_grpc = VERSIONS[version or self.version]
@@ -100,3 +111,106 @@ class FakeKubelet:
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
+
+
+@dataclass
+class Attempt:
+    socket: str
+    inode: int
+    outcome: str  # "registered", "rejected: <error>", "no answer", "unreachable: <error>"
+
+
+@dataclass
+class PluginWatcher:
+    """The kubelet's plugin watcher and DRA handler, as strict as the real ones.
+
+    Every socket file that appears in the registry (a new inode under any non-dot name) is
+    registered exactly once: GetInfo, validation, NotifyRegistrationStatus. A socket that
+    was rejected, or that the kubelet could not reach, is never tried again; only a new
+    inode is. `decide(info, path)` scripts the kubelet's side: None accepts, a string
+    rejects with that error, `SILENT` sends no NotifyRegistrationStatus at all.
+    """
+
+    registry: Path
+    known: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    decide: Callable[[reg_pb2.PluginInfo, Path], str | None] = lambda info, path: None
+    poll_seconds: float = 0.02
+    attempts: list[Attempt] = field(default_factory=list)
+    registered: dict[str, reg_pb2.PluginInfo] = field(default_factory=dict)  # socket -> info
+    _seen: set = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+    _thread: threading.Thread | None = None
+
+    SILENT = "<no NotifyRegistrationStatus>"
+
+    def __enter__(self) -> "PluginWatcher":
+        self._thread = threading.Thread(target=self._run, daemon=True, name="plugin-watcher")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            present = {}
+            for path in self.registry.glob("*"):
+                if path.name.startswith("."):
+                    continue  # the kubelet ignores dot files
+                try:
+                    present[path.name] = path.stat().st_ino
+                except FileNotFoundError:
+                    continue
+            with self._changed:
+                for name in list(self.registered):
+                    if name not in present:
+                        del self.registered[name]  # socket removed: plugin deregistered
+                        self._changed.notify_all()
+            for name, inode in sorted(present.items()):
+                if (name, inode) not in self._seen:
+                    self._seen.add((name, inode))
+                    self._register(self.registry / name, inode)
+            self._stop.wait(self.poll_seconds)
+
+    def _register(self, path: Path, inode: int) -> None:
+        try:
+            with grpc.insecure_channel(f"unix://{path}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=10)
+                stub = reg_grpc.RegistrationStub(channel)
+                info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+                error = validate(info, self.known) or self.decide(info, path)
+                if error == self.SILENT:
+                    outcome = "no answer"
+                else:
+                    stub.NotifyRegistrationStatus(
+                        reg_pb2.RegistrationStatus(plugin_registered=error is None, error=error or ""),
+                        timeout=5)
+                    outcome = "registered" if error is None else f"rejected: {error}"
+        except (grpc.RpcError, grpc.FutureTimeoutError) as err:
+            info, outcome = None, f"unreachable: {err}"
+        with self._changed:
+            self.attempts.append(Attempt(path.name, inode, outcome))
+            if outcome == "registered":
+                self.registered[path.name] = info
+            self._changed.notify_all()
+
+    def wait(self, predicate: Callable[["PluginWatcher"], bool], timeout: float = 20.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(min(remaining, 0.2))
+        return True
+
+    def client(self, socket_name: str) -> FakeKubelet:
+        """A DRA client for a registered plugin (what the kubelet's DRA manager dials)."""
+        with self._changed:
+            info = self.registered[socket_name]
+        kubelet = FakeKubelet(self.registry, self.known)
+        kubelet.connect(info)
+        return kubelet

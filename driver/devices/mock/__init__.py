@@ -5,6 +5,7 @@ the same calls as `pynvml`, and the trees are read through `--sysfs-root`/`--dev
 """
 
 from driver.devices.mock.profile import Profile, ProfileError, builtin_profiles, load, parse
-from driver.devices.mock.tree import MockNode, build
+from driver.devices.mock.tree import MockNode, attach, build
 
-__all__ = ["MockNode", "Profile", "ProfileError", "build", "builtin_profiles", "load", "parse"]
+__all__ = ["MockNode", "Profile", "ProfileError", "attach", "build", "builtin_profiles", "load",
+           "parse"]

@@ -9,9 +9,11 @@ as it reads a real node.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +49,38 @@ def build(profile: Profile, root: Path) -> MockNode:
         shutil.rmtree(root)
     writer = _Writer(root)
     writer.write_profile(profile, boot_id)
+    (root / STAMP).write_text(_fingerprint(profile))
+    return _node(root, writer, profile)
+
+
+STAMP = ".profile"
+
+
+def _fingerprint(profile: Profile) -> str:
+    return hashlib.sha256(repr(profile).encode()).hexdigest()
+
+
+def _node(root: Path, writer: "_Writer", profile: Profile) -> MockNode:
     nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
-    return MockNode(root, writer.sys, writer.dev, writer.proc, nvml, writer.driver_root,
+    return MockNode(root, root / "sys", root / "dev", root / "proc", nvml, root / "driver-root",
                     writer.interfaces)
+
+
+def attach(profile: Profile, root: Path) -> MockNode | None:
+    """The tree at `root` as another running driver instance built it, without touching it
+    (rebuilding would pull the files from under that instance), or None when it was built
+    from another profile. The layout is a pure function of the profile, so it is derived
+    again in a scratch directory."""
+    root = root.absolute()
+    try:
+        if (root / STAMP).read_text() != _fingerprint(profile):
+            return None
+    except OSError:
+        return None
+    with tempfile.TemporaryDirectory(prefix="dra-mock-layout-") as scratch:
+        writer = _Writer(Path(scratch))
+        writer.write_profile(profile, "")
+    return _node(root, writer, profile)
 
 
 def _ifname(domain: str, bus: int) -> str:
@@ -128,6 +159,9 @@ class _Writer:
             name = profile.management_nic.ifname or "eno1"
             self.nic(root_port, "0000:01:00.0", profile.management_nic, 0, name, mgmt=True)
             route.append(f"{name}\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0")
+        # /proc/1/net: the host's namespace (driver/devices/net.py); /proc/net as well, as
+        # the kernel offers it.
+        self.file(self.proc / "1" / "net" / "route", "\n".join(route))
         self.file(self.proc / "net" / "route", "\n".join(route))
         self.virtual_interfaces()
         for r, root_spec in enumerate(profile.roots):
