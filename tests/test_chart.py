@@ -57,7 +57,8 @@ def test_default_render_is_valid():
         "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
     ds, c, env = container(objects)
     assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
-    assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is False
+    assert env["SYSFS_ROOT"] == "/host/sys" and env["PROC_ROOT"] == "/host/proc"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}, "seamless upgrade by default"
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -70,6 +71,48 @@ def test_default_render_is_valid():
 
     known = {o.env for o in OPTIONS} | {"LD_LIBRARY_PATH"}
     assert set(env) <= known, set(env) - known
+
+
+def host_ports_after_defaulting(pod_spec: dict) -> set[tuple[str, int]]:
+    """What the API server stores: for a hostNetwork pod every containerPort becomes a
+    hostPort of the same number (pkg/apis/core/v1 defaulting)."""
+    ports = set()
+    for c in pod_spec["containers"]:
+        for p in c.get("ports") or []:
+            host = p.get("hostPort") or (p["containerPort"] if pod_spec.get("hostNetwork") else 0)
+            if host:
+                ports.add((p.get("protocol", "TCP"), host))
+    return ports
+
+
+def schedulable_twice_on_one_node(pod_spec: dict) -> bool:
+    """The scheduler's NodePorts filter: a second copy fits beside the first only if their
+    host ports do not collide."""
+    return not host_ports_after_defaulting(pod_spec)
+
+
+def test_seamless_upgrade_pod_fits_twice_on_one_node():
+    ds, c, env = container(render())
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1
+    assert schedulable_twice_on_one_node(ds["spec"]["template"]["spec"])
+    # The probes address this pod's own port, so neither pod can answer for the other.
+    assert c["readinessProbe"]["httpGet"]["port"] == "healthz"
+    assert {p["name"] for p in c["ports"]} == {"metrics", "healthz"}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["host-sys"]["hostPath"]["path"] == "/sys"
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    assert {m["name"]: m.get("readOnly") for m in c["volumeMounts"]}["host-sys"] is True
+
+    # hostNetwork with seamless upgrades would hang every rollout: refused with a reason.
+    with pytest.raises(helm.HelmError, match="hostNetwork=true cannot be combined"):
+        render({"hostNetwork": True})
+    # Without seamless upgrades the strategy is replace-in-place, as before.
+    ds, c, env = container(render({"hostNetwork": True, "kubelet": {"seamlessUpgrade": False}}))
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert not schedulable_twice_on_one_node(spec)  # why the combination is refused
+    assert "SYSFS_ROOT" not in env and "POD_UID" not in env
 
 
 def test_mock_mode_and_older_kubelets():

@@ -43,6 +43,30 @@ def test_seamless_upgrade_socket_names():
     assert config.registration_socket.name == "accel.dra.io-1f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60-reg.sock"
 
 
+def test_long_names_fall_back_to_hashes_like_the_upstream_helper():
+    uid = "1f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60"
+    driver = "gpu-accelerators.infrastructure.examples"  # 40 characters
+    config = parse(["--node-name", "n", "--driver-name", driver, "--pod-uid", uid])
+    registration, dra = config.registration_socket, config.dra_socket
+    # The full names would not fit below the kubelet's default directories ...
+    assert len(f"/var/lib/kubelet/plugins_registry/{driver}-{uid}-reg.sock") > 107
+    assert len(f"/var/lib/kubelet/plugins/{driver}/dra-{uid}.sock") > 107
+    # ... a short hash of the pod UID does, and is stable for the same UID.
+    assert registration.parent == Path("/var/lib/kubelet/plugins_registry")
+    assert registration.name.startswith(f"{driver}-") and registration.name.endswith("-reg.sock")
+    assert len(registration.name) == len(driver) + 1 + 8 + len("-reg.sock") and uid not in registration.name
+    assert dra.parent == Path(f"/var/lib/kubelet/plugins/{driver}") and len(dra.name) == len("dra-.sock") + 8
+    assert len(str(registration)) <= 107 and len(str(dra)) <= 107
+    again = parse(["--node-name", "n", "--driver-name", driver, "--pod-uid", uid])
+    assert (again.registration_socket, again.dra_socket) == (registration, dra)
+    other = parse(["--node-name", "n", "--driver-name", driver, "--pod-uid", uid.replace("1f", "2f")])
+    assert other.registration_socket != registration and other.dra_socket != dra
+    # Longer directories: the last form, a hash of driver and UID.
+    deep = parse(["--node-name", "n", "--driver-name", driver, "--pod-uid", uid,
+                  "--kubelet-registrar-dir", "/var/lib/kubelet-with-a-much-longer-root/plugins_registry"])
+    assert deep.registration_socket.name.startswith("dra-") and len(str(deep.registration_socket)) <= 107
+
+
 def test_driver_root_mount_defaults_to_the_driver_root():
     config = parse(["--node-name", "n", "--nvidia-driver-root", "/run/nvidia/driver"])
     assert config.nvidia_driver_root == config.nvidia_driver_root_mount == Path("/run/nvidia/driver")
@@ -71,11 +95,16 @@ def test_nic_filters_parsed():
     (["--mock", "mixed", "--sysfs-root", "/x"], "--sysfs-root: mock mode generates"),
     (["--mock", "mixed", "--nvidia-driver-root", "/x"], "--nvidia-driver-root: mock mode generates"),
     (["--nvidia-driver-root", "run/nvidia"], "--nvidia-driver-root: 'run/nvidia' must be an absolute path"),
-    (["--kubelet-plugins-dir", "/" + "p" * 100], "longer than 107 bytes"),
+    (["--kubelet-plugins-dir", "/" + "p" * 100], "--kubelet-plugins-dir: the DRA socket path .* longer than 107 bytes"),
+    (["--kubelet-registrar-dir", "/" + "r" * 100], "--kubelet-registrar-dir: the registration socket path"),
+    (["--driver-name", "1accel.example.com"], "is also the CDI vendor name, which must start with a letter"),
+    (["--metrics-port", "9401"], "--metrics-port and --healthz-port default: both are 9401"),
+    (["--registration-timeout", "0"], "--registration-timeout: 0.0 is outside"),
 ])
 def test_invalid_values_are_named(argv, fragment):
     argv = ["--node-name", "n", *argv] if "--node-name" not in argv else argv
-    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("*", r"\*")):
+    pattern = fragment if ".*" in fragment else fragment.replace("(", r"\(").replace("*", r"\*")
+    with pytest.raises(ConfigError, match=pattern):
         parse(argv)
 
 

@@ -267,3 +267,102 @@ def test_prepare_works_while_the_api_server_fails_slice_writes(env):
     api.inject(Fault("*", "resourceslices", status=503, times=10_000))
     claim = new_claim(api, "during-outage", [result("gpu", GPU)])
     assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+
+
+def test_a_claim_reallocated_under_the_same_uid_is_prepared_anew(env):
+    """The record is not the truth: the claim is (deallocated and allocated again with
+    other devices while its UID stayed)."""
+    api, driver, kubelet, dirs = env
+    claim = new_claim(api, "moved", [result("gpu", GPU)])
+    assert kubelet.prepare([claim]).claims[claim.uid].devices[0].device_name == GPU
+    api.put_claim(claim_allocated("default", "moved", claim.uid, [result("gpu", GPU2)]))
+    entry = kubelet.prepare([claim]).claims[claim.uid]
+    assert entry.error == "" and [d.device_name for d in entry.devices] == [GPU2]
+    spec = json.loads(spec_files(dirs)[0].read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{claim.uid}-{GPU2}"]
+    record = json.loads(record_files(dirs)[0].read_text())
+    assert [d["device"] for d in record["devices"]] == [GPU2]
+    assert "claim_reallocated" in driver.log()
+    # GPU is free again for another claim.
+    other = new_claim(api, "next", [result("gpu", GPU)])
+    assert kubelet.prepare([other]).claims[other.uid].error == ""
+
+
+def test_a_prepared_claim_that_is_gone_is_not_answered_from_the_record(env):
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "gone", [result("gpu", GPU)])
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    api.delete_claim("default", "gone")
+    assert kubelet.prepare([claim]).claims[claim.uid].error == "claim default/gone not found"
+    assert len(record_files(dirs)) == 1, "a failed check changes no state"
+    # Unprepare never needs the API server.
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert spec_files(dirs) == [] and record_files(dirs) == []
+
+
+def test_a_device_prepared_for_one_claim_is_refused_to_another(env):
+    api, _, kubelet, dirs = env
+    first = new_claim(api, "first", [result("gpu", GPU)])
+    second = new_claim(api, "second", [result("gpu", GPU)], namespace="team-b")
+    assert kubelet.prepare([first]).claims[first.uid].error == ""
+    error = kubelet.prepare([second]).claims[second.uid].error
+    assert error == (f"claim team-b/second: device {GPU} is already prepared for claim default/first "
+                     f"(UID {first.uid}) and is not shared; it is prepared again only after that "
+                     "claim is unprepared")
+    assert len(spec_files(dirs)) == 1
+    assert kubelet.unprepare([first]).claims[first.uid].error == ""
+    assert kubelet.prepare([second]).claims[second.uid].error == ""
+
+
+def test_admin_access_and_shares_may_sit_beside_a_claim(env):
+    api, _, kubelet, dirs = env
+    workload = new_claim(api, "workload", [result("gpu", GPU)])
+    assert kubelet.prepare([workload]).claims[workload.uid].error == ""
+    monitor = new_claim(api, "monitor", [dict(result("gpu", GPU), adminAccess=True)])
+    assert kubelet.prepare([monitor]).claims[monitor.uid].error == ""
+    spec = json.loads((dirs.cdi / f"{DRIVER}-claim_{monitor.uid}.json").read_text())
+    env_vars = spec["devices"][0]["containerEdits"]["env"]
+    assert "DRA_GPU_0000_11_00_0_ADMIN_ACCESS=true" in env_vars
+    workload_spec = (dirs.cdi / f"{DRIVER}-claim_{workload.uid}.json").read_text()
+    assert "ADMIN_ACCESS" not in workload_spec
+    # Admin access first, then a workload: allowed as well.
+    watcher = new_claim(api, "watcher", [dict(result("gpu", GPU2), adminAccess=True)])
+    job = new_claim(api, "job", [result("gpu", GPU2)])
+    assert kubelet.prepare([watcher]).claims[watcher.uid].error == ""
+    assert kubelet.prepare([job]).claims[job.uid].error == ""
+    # A share of a multi-allocatable device (the scheduler assigned a shareID).
+    shared = new_claim(api, "shared", [dict(result("nic", NIC), shareID="b8d3c5a0-share-1")])
+    also = new_claim(api, "also", [dict(result("nic", NIC), shareID="b8d3c5a0-share-2")])
+    assert kubelet.prepare([shared]).claims[shared.uid].error == ""
+    assert kubelet.prepare([also]).claims[also.uid].error == ""
+    # Admin access never moves an interface away from the claim that uses it.
+    grab = new_claim(api, "grab", [dict(result("nic", VF), adminAccess=True)],
+                     config=[opaque([], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig",
+                                         "moveInterface": True})])
+    assert "moveInterface would take it away" in kubelet.prepare([grab]).claims[grab.uid].error
+
+
+def test_the_claim_get_happens_outside_the_cross_process_lock(env):
+    """A slow API server must not hold up the other driver instance of an upgrade."""
+    import fcntl
+    import os
+    import threading
+
+    from driver.sim.apiserver import Fault
+
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "slow", [result("gpu", GPU)])
+    api.inject(Fault("GET", "/resourceclaims/slow", status=0, delay=2.0))
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(kubelet.prepare([claim]).claims))
+    thread.start()
+    assert api.wait_for(lambda: api.state.requests > 0 and any(
+        f.times == 0 for f in api.state.faults), timeout=10), "the GET is in flight"
+    fd = os.open(dirs.state / "prepare.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free while the GET waits
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    thread.join(20)
+    assert answer[claim.uid].error == ""

@@ -296,3 +296,112 @@ def test_a_malformed_foreign_slice_does_not_stop_publishing(api, tmp_path):
         assert api.wait_for(lambda: all(s["spec"].get("pool", {}).get("generation") == 2
                                         for s in api.slices()), timeout=15)
     assert publisher.stats.failures == 0, "repaired, not crashed on"
+
+
+@pytest.mark.parametrize("profile", sorted(mock.builtin_profiles()))
+def test_zero_writes_when_nothing_changed_on_every_profile(api, built, tmp_path, profile):
+    """The emulator stores quantities canonically, as the real API server does (`81559Mi`
+    stays, `40960Mi` becomes `40Gi`); comparing strings would rewrite such slices on every
+    pass."""
+    _, result = built(profile)
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.reconcile()
+    api.reset_writes()
+    assert publisher.reconcile() == 0 and api.writes() == []
+    # A fresh process (the new pod of an upgrade) agrees with what is stored, too.
+    assert make_publisher(api, tmp_path, Holder(result.inventory)).reconcile() == 0
+    assert api.writes() == []
+
+
+def test_the_server_rewrites_some_quantities_we_publish(api, built, tmp_path):
+    """Keeps the test above honest: at least one profile publishes a spelling the server
+    changes, so a string comparison would fail it."""
+    from driver.sim.quantity import canonical
+
+    rewritten = [(p, d.name, q) for p in sorted(mock.builtin_profiles())
+                 for d in built(p)[1].inventory.devices for q in d.capacity.values() if canonical(q) != q]
+    assert rewritten, "no profile exercises canonicalization"
+
+
+def test_updates_keep_what_others_added(api, tmp_path):
+    node, result = discover_profile("mixed", tmp_path / "m")
+    holder = Holder(result.inventory)
+    publisher = make_publisher(api, tmp_path, holder)
+    publisher.reconcile()
+    name = f"{NODE}-{DRIVER}-nic-0"
+    foreign_owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keep", "uid": "u-1"}
+
+    def decorate(obj):
+        meta = obj["metadata"]
+        meta["labels"] = {"team": "infra"}
+        meta["annotations"] = {"example.com/audit": "yes"}
+        meta["finalizers"] = ["example.com/hold"]
+        meta["ownerReferences"] = meta.get("ownerReferences", []) + [foreign_owner]
+
+    api.edit_slice(name, decorate)
+    assert publisher.reconcile() == 0, "metadata others add is not a difference"
+    (node.sysfs / "class" / "net" / "enp18s0f0" / "mtu").write_text("4200\n")
+    holder.inventory = discover(Sources(node.sysfs, node.proc, node.nvml)).inventory
+    api.reset_writes()
+    assert publisher.reconcile() == 1 and api.writes() == [("update", name)]
+    meta = next(s for s in api.slices() if s["metadata"]["name"] == name)["metadata"]
+    assert meta["labels"] == {"team": "infra"} and meta["annotations"] == {"example.com/audit": "yes"}
+    assert meta["finalizers"] == ["example.com/hold"]
+    assert foreign_owner in meta["ownerReferences"]
+    assert [r["kind"] for r in meta["ownerReferences"]].count("Node") == 1
+    assert devices_in_api(api)["nic-0000-12-00-0"]["attributes"]["mtu"] == {"int": 4200}
+    assert publisher.reconcile() == 0
+
+
+def test_deletes_spare_a_slice_re_created_meanwhile(api, tmp_path):
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.reconcile()
+    name = f"{NODE}-{DRIVER}-fpga-0"
+    listed = next(s for s in publisher.list_existing() if s["metadata"]["name"] == name)
+    # Between our list and our delete, someone deletes and re-creates the slice.
+    api.delete_slice(name)
+    recreated = dict(listed, metadata={"name": name})
+    kube = publisher.kube
+    kube.request("POST", f"/apis/resource.k8s.io/v1/resourceslices", body=recreated)
+    api.reset_writes()
+    assert publisher._delete(listed) == 0
+    assert name in {s["metadata"]["name"] for s in api.slices()}, "the new slice stays"
+    # The emulator answers stale preconditions as the real server does.
+    current = next(s for s in api.slices() if s["metadata"]["name"] == name)
+    stale = {"apiVersion": "v1", "kind": "DeleteOptions",
+             "preconditions": {"uid": current["metadata"]["uid"], "resourceVersion": "1"}}
+    with pytest.raises(Exception, match="409.*Precondition failed: ResourceVersion"):
+        kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{name}", body=stale)
+    assert publisher._delete(current) == 1 and api.writes() == [("delete", name)]
+
+
+def test_an_older_instance_stands_by_while_a_newer_one_publishes(api, tmp_path):
+    """Two versions side by side with different inventories: the newer writes once, the
+    older writes nothing (no ping-pong), and takes over when the newer one is gone."""
+    from driver.devices.model import Inventory
+    from driver.instance import Instance
+
+    _, result = discover_profile("mixed", tmp_path / "m")
+    old_inventory = result.inventory
+    new_inventory = Inventory(tuple(
+        d if d.name != "gpu-0000-11-00-0" else type(d)(**{**d.__dict__, "attributes": {**d.attributes, "newAttribute": True}})
+        for d in old_inventory.devices))
+    old_instance = Instance.register(tmp_path / "state", "old-pod")
+    old = make_publisher(api, tmp_path, Holder(old_inventory))
+    old.newer_instance = old_instance.newer_peer
+    assert old.reconcile() == 3
+    new_instance = Instance.register(tmp_path / "state", "new-pod")
+    new = make_publisher(api, tmp_path, Holder(new_inventory))
+    new.newer_instance = new_instance.newer_peer
+    api.reset_writes()
+    for _ in range(3):
+        new.reconcile()
+        assert old.reconcile() == 0
+    assert api.writes() == [("update", f"{NODE}-{DRIVER}-gpu-0")]
+    assert devices_in_api(api)["gpu-0000-11-00-0"]["attributes"]["newAttribute"] == {"bool": True}
+    assert old.stats.deferred == 3 and old.stats.published
+    new_instance.release()  # the newer pod stops (e.g. a rollback)
+    assert old.reconcile() == 1
+    assert "newAttribute" not in devices_in_api(api)["gpu-0000-11-00-0"]["attributes"]
+    old_instance.release()

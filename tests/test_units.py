@@ -171,3 +171,84 @@ def test_driver_files_are_found_for_the_running_version_only(tmp_path):
     # Another version: no library matches (binaries carry no version in their name).
     other = nvlibs.find(root, root, "999.1")
     assert [m.container_path for m in other] == ["/usr/local/nvidia/bin/nvidia-smi"]
+
+
+def test_instances_in_one_process_are_told_apart_and_sweeps_spare_the_living(tmp_path):
+    """Two instances with the same PID (as two pods' PID 1): each one's temp files carry its
+    token; a sweep removes a dead instance's leftovers and never a live one's."""
+    import os
+
+    from driver import atomic
+
+    state, cdi_root = tmp_path / "state", tmp_path / "cdi"
+    old = Instance.register(state, "old-pod-uid")
+    new = Instance.register(state, "new-pod-uid")
+    assert old.token != new.token  # same PID, different instances
+    assert [p.token for p in old.peers()] == [new.token] and old.newer_peer().token == new.token
+    assert new.newer_peer() is None and [p.token for p in new.peers()] == [old.token]
+
+    cdi_root.mkdir()
+    in_flight = cdi_root / f".accel.dra.io-claim_u1.json{atomic.TEMP_MARK}{new.token}"
+    dead = cdi_root / f".accel.dra.io-claim_u2.json{atomic.TEMP_MARK}0123456789ab"
+    legacy = cdi_root / f".accel.dra.io-claim_u3.json{atomic.TEMP_MARK}999"  # PID-named, older version
+    for path in (in_flight, dead, legacy):
+        path.write_text("{")
+    cdi.CdiWriter(cdi_root, "accel.dra.io", old)  # start-up sweep of the older instance
+    assert in_flight.exists() and not dead.exists() and not legacy.exists()
+
+    # A crashed instance (lock released, file left) is no longer alive, and is swept.
+    token = new.token
+    os.close(new._fd)
+    new._fd = None
+    assert not old.alive(token) and old.peers() == []
+    assert not (state / "instances" / token).exists()
+    cdi.CdiWriter(cdi_root, "accel.dra.io", old)
+    assert not in_flight.exists()
+    with pytest.raises(RuntimeError, match="already uses instance token"):
+        Instance.register(state, "old-pod-uid")
+    old.release()
+
+
+def test_checkpoint_sees_records_the_other_instance_wrote(tmp_path):
+    a = Checkpoint(tmp_path, Instance.register(tmp_path, "pod-a"))
+    b = Checkpoint(tmp_path, Instance.register(tmp_path, "pod-b"))
+    device = PreparedDevice("r", "pool", "gpu-0", ("v/claim=x",))
+    assert list(a.records()) == []
+    b.put(ClaimRecord("u1", "ns", "one", State.PREPARE_COMPLETED, "boot", (device,)))
+    assert [r.uid for r in a.records()] == ["u1"]
+    a.put(ClaimRecord("u2", "ns", "two", State.PREPARE_COMPLETED, "boot", (device,)))
+    assert sorted(r.uid for r in b.records()) == ["u1", "u2"]
+    b.remove("u1")
+    assert [r.uid for r in a.records()] == ["u2"]
+
+
+def test_health_stream_resends_inside_the_kubelets_window():
+    """1.34+ kubelets mark a device Unknown 30 s after its last update."""
+    from driver.kubelet import health as stream
+
+    assert 10 <= stream.RESEND_SECONDS <= 15
+    assert stream.TIMEOUT_SECONDS >= 2 * stream.RESEND_SECONDS
+
+    class State:
+        def inventory(self):
+            return Inventory((Device("gpu-0", DeviceKind.GPU, {}),))
+
+        def conditions(self, name):
+            return {}
+
+        def subscribe(self, callback):
+            return lambda: None
+
+    service = stream.HealthService(State(), "node-a", resend_seconds=0.05)
+
+    async def first_three():
+        messages = []
+        async for message in service.NodeWatchResources(None, None):
+            messages.append(message)
+            if len(messages) == 3:
+                break
+        return messages
+
+    messages = asyncio.run(first_three())
+    assert [m.devices[0].device.device_name for m in messages] == ["gpu-0"] * 3
+    assert messages[0].devices[0].health_check_timeout_seconds == stream.TIMEOUT_SECONDS
