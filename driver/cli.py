@@ -34,6 +34,12 @@ def parser() -> argparse.ArgumentParser:
     add_arguments(clean)
     demo = commands.add_parser("demo", help="run the driver end to end locally on mock devices")
     demo.add_argument("--profile", default="mixed", help="mock profile for the demo node")
+    demo.add_argument("--claim", type=Path, default=None, metavar="FILE",
+                      help="allocate and prepare the ResourceClaims / ResourceClaimTemplates of this "
+                           "YAML file (e.g. examples/gpu-single/claim.yaml) instead of the built-in ones")
+    demo.add_argument("--cdi-root", type=Path, default=None, metavar="DIR",
+                      help="where the demo's CDI specs go (default: /var/run/cdi where podman can "
+                           "start a container, else a temporary directory)")
     return top
 
 
@@ -42,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from driver import demo
 
-        return demo.main(args.profile)
+        return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root)
     try:
         config = build(args)
     except ConfigError as err:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,18 @@ from driver.devices.discovery import DiscoveryResult, Sources, discover
 from driver.devices.net import NicFilter
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+SHARED = REPO.parent / "shared"  # optional extras (the upstream CDI schema); never required
+SHORT_TMP = Path("/tmp")  # where tests/driverproc.py makes socket-friendly short folders
+
+
+@pytest.fixture(autouse=True)
+def _remove_short_temp_folders():
+    """Whatever a test does (including failing half-way), the /tmp/dra-* folders it made
+    for driver processes are removed after it."""
+    before = set(SHORT_TMP.glob("dra-*"))
+    yield
+    for path in set(SHORT_TMP.glob("dra-*")) - before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def discover_profile(profile: str | mock.Profile, root: Path,

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from driver.demo import podman_ready
+from driver.devices import mock
+from tests.conftest import REPO
+from tests.test_examples import INTENT
 
 
 def test_demo_runs():
@@ -23,3 +31,132 @@ def test_demo_runs():
         assert out.count("container saw:") == 3
         assert "DRA_NIC_0000_12_00_0_RDMA_DEVICE=mlx5_0" in out and "/dev/nvidia0" in out
         assert "NCCL_IB_HCA=auto" in out, "the claim's opaque config reached the container"
+
+
+def _demo(*args: str, cdi_root=None) -> tuple[int, list[str], list[str]]:
+    """The demo in this process (it still runs the driver as a real process)."""
+    from driver import demo
+
+    out, err = [], []
+    profile = args[args.index("--profile") + 1] if "--profile" in args else "mixed"
+    claim = Path(args[args.index("--claim") + 1]) if "--claim" in args else None
+    code = demo.main(profile, out=out.append, err=err.append, claim_file=claim, cdi_root=cdi_root)
+    return code, out, err
+
+
+def _driver_processes(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline and "driver" in cmdline and " run" in cmdline.replace("\0", " "):
+                pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("profile", mock.builtin_profiles())
+def test_the_demo_works_on_every_profile(profile, tmp_path):
+    code, out, err = _demo("--profile", profile, cdi_root=tmp_path)
+    assert code == 0, "\n".join(out + err)
+    text = "\n".join(out)
+    assert "CDI specs left: 0" in text and "prepared:" in text
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("name", sorted(INTENT))
+def test_demo_claim_runs_every_example(name, tmp_path):
+    profile, _ = INTENT[name]
+    path = REPO / "examples" / name / "claim.yaml"
+    code, out, err = _demo("--claim", str(path), "--profile", profile, cdi_root=tmp_path)
+    assert code == 0, "\n".join(out + err)
+    assert "prepared:" in "\n".join(out)
+    readme = (REPO / "examples" / name / "README.md").read_text()
+    assert f"dra-driver demo --claim examples/{name}/claim.yaml --profile {profile}" in readme
+
+
+def test_a_failing_claim_is_named_and_leaves_nothing_behind(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: wrong-config}
+spec:
+  devices:
+    requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.accel.dra.io}}
+    config:
+      - requests: [gpu]
+        opaque: {driver: accel.dra.io, parameters: {apiVersion: accel.dra.io/v1alpha1, kind: NicConfig}}
+""")
+    cdi_root = tmp_path / "cdi"
+    code, out, err = _demo("--claim", str(bad), cdi_root=cdi_root)
+    assert code == 1
+    assert any(e.startswith("dra-driver demo: claim wrong-config failed to prepare: ")
+               and "NicConfig cannot configure gpu device" in e for e in err), err
+    assert list(cdi_root.glob("*.json")) == []
+    assert _driver_processes(str(cdi_root)) == []
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--profile", "nosuch"], "dra-driver demo: --profile: mock profile 'nosuch' is neither a built-in"),
+    (["--claim", "/nonexistent.yaml"], "dra-driver demo: --claim /nonexistent.yaml: cannot read it"),
+    (["--claim", "charts/dra-accel-driver/Chart.yaml"], "no ResourceClaim or ResourceClaimTemplate"),
+    (["--claim", "README.md"], "--claim README.md: not YAML: found character"),
+])
+def test_demo_usage_errors_are_one_line_and_quick(args, fragment):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "driver", "demo", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    print(f"answered in {elapsed:.2f}s")  # no waiting for a driver that cannot start
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_sigterm_and_ctrl_c_clean_up(tmp_path, signum, code, word):
+    """Frozen right after a claim was prepared (its CDI spec exists), then signalled: the
+    demo exits, its specs are gone, its driver process is gone, no traceback."""
+    many = tmp_path / "many.yaml"
+    many.write_text("\n---\n".join(
+        f"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: vf{i}}}\n"
+        "spec: {devices: {requests: [{name: vf, exactly: {deviceClassName: nic.accel.dra.io}}]}}"
+        for i in range(20)))
+    cdi_root = tmp_path / "cdi"
+    proc = subprocess.Popen([sys.executable, "-m", "driver", "demo", "--profile", "sriov", "--claim",
+                             str(many), "--cdi-root", str(cdi_root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    for line in proc.stdout:
+        if "prepared:" in line:
+            proc.send_signal(signal.SIGSTOP)
+            break
+    assert list(cdi_root.glob("accel.dra.io-claim_demo-*.json")), "a prepared claim's spec exists"
+    assert _driver_processes(str(cdi_root)), "the driver runs"
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    rest, errors = proc.communicate(timeout=60)
+    assert proc.returncode == code, errors
+    assert f"interrupted ({word})" in rest or f"stopped ({word})" in rest
+    assert "Traceback" not in rest + errors
+    assert list(cdi_root.glob("*.json")) == []
+    deadline = time.monotonic() + 10
+    while _driver_processes(str(cdi_root)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _driver_processes(str(cdi_root)) == []
+
+
+def test_stale_demo_specs_are_removed_and_said(tmp_path):
+    cdi_root = tmp_path / "cdi"
+    cdi_root.mkdir()
+    stale = cdi_root / "accel.dra.io-claim_demo-0badc0de.json"
+    stale.write_text("{}")
+    real = cdi_root / "accel.dra.io-claim_5f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60.json"
+    real.write_text("{}")  # a real driver's spec on the same host: never touched
+    code, out, err = _demo("--profile", "alveo", cdi_root=cdi_root)
+    assert code == 0, out + err
+    assert any("removed 1 stale CDI spec(s) of an earlier demo run" in line and stale.name in line for line in out)
+    assert not stale.exists() and real.exists()

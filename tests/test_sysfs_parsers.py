@@ -15,9 +15,9 @@ from driver.devices.discovery import Sources, discover
 from driver.devices.mock.fakenvml import FakeGpu, FakeNvml
 from driver.devices.model import PCIE_ROOT, DeviceKind
 from driver.devices.net import NicFilter, NicSelector
-from tests.conftest import SHARED, discover_profile
+from tests.conftest import REPO, discover_profile
 
-SNAPSHOT = SHARED / "sysfs-snapshots" / "linux-amd64-accel-nvidia.tar.gz"
+SNAPSHOT = REPO / "tests" / "data" / "sysfs" / "linux-amd64-accel-nvidia.tar.gz"
 
 
 def rediscover(node, nic_filter=NicFilter()):

@@ -13,7 +13,7 @@ from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, Prepared
 from driver.devices.model import Device, DeviceKind, Inventory, Version
 from driver.instance import Instance
 from driver.locks import KeyedLocks
-from tests.cdi_check import check_spec
+from tests.cdi_check import SCHEMA_DIR, check_spec, schema_errors
 
 
 def node(path="/dev/x"):
@@ -61,6 +61,62 @@ def test_opaque_round_trip():
         opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "GpuConfig", "env": {"DRA_X": "1"}})
     with pytest.raises(opaque.ConfigDecodeError, match="not an interface name"):
         opaque.decode({"apiVersion": opaque.API_VERSION, "kind": "NicConfig", "interfaceName": "a" * 20})
+
+
+GOOD_SPEC = {"cdiVersion": "0.5.0", "kind": "accel.dra.io/claim", "devices": [
+    {"name": "u-gpu", "containerEdits": {"env": ["A=1"], "deviceNodes": [
+        {"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0", "permissions": "rw"}],
+        "mounts": [{"hostPath": "/a", "containerPath": "/b", "options": ["ro", "bind"]}]}}]}
+
+
+def _mutated(change) -> dict:
+    import copy
+
+    spec = copy.deepcopy(GOOD_SPEC)
+    change(spec)
+    return spec
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda s: s.update(extra=1), "unknown field"),
+    (lambda s: s["devices"][0]["containerEdits"].update(devices=[]), "unknown field"),
+    (lambda s: s.update(kind="1vendor/claim"), "1vendor"),
+    (lambda s: s["devices"][0].update(name="-x"), "name"),
+    (lambda s: s.update(cdiVersion="0.3.0"), "minimum"),
+    (lambda s: s.update(cdiVersion="0.6.0"), "minimum"),
+    (lambda s: s.update(cdiVersion="9.9"), "9.9"),
+    (lambda s: s["devices"][0].update(containerEdits={}), "must not be empty"),
+    (lambda s: s["devices"][0]["containerEdits"].update(env="A=1"), "env: must be a list of strings"),
+    (lambda s: s["devices"][0]["containerEdits"]["env"].append("NOEQUALS"), "KEY=VALUE"),
+    (lambda s: s["devices"][0]["containerEdits"]["deviceNodes"][0].update(major="1"), "major: must be a integer"),
+    (lambda s: s["devices"][0]["containerEdits"]["deviceNodes"][0].update(permissions="rwx"), "permissions"),
+    (lambda s: s["devices"][0]["containerEdits"]["mounts"][0].pop("containerPath"), "containerPath is required"),
+    (lambda s: s["devices"][0]["containerEdits"].update(netDevices=[{"hostInterfaceName": "a", "name": "b"}]), "minimum"),
+    (lambda s: s["devices"][0]["containerEdits"].update(netDevices=[{"name": "b"}]), "hostInterfaceName is required"),
+    (lambda s: s["devices"].append(dict(s["devices"][0])), "unique"),
+    (lambda s: s.update(devices=[]), "at least one device"),
+])
+def test_our_cdi_checks_catch_invalid_specs_and_versions_not_the_minimum(change, fragment):
+    """What the reference parser rejects, plus our own rule: declare exactly the minimum
+    cdiVersion the fields need (older runtimes reject newer versions)."""
+    check_spec(GOOD_SPEC)
+    with pytest.raises(AssertionError, match=fragment):
+        check_spec(_mutated(change))
+
+
+@pytest.mark.skipif(not SCHEMA_DIR.is_dir(), reason=f"upstream CDI schema not found at {SCHEMA_DIR} (optional extra check)")
+def test_specs_for_every_device_of_every_profile_match_the_upstream_schema(built):
+    from driver.opaque import NicConfig
+
+    assert schema_errors(GOOD_SPEC) == []
+    for profile in ("mixed", "a100-mig", "alveo", "dfl", "sriov"):
+        node, result = built(profile)
+        for device in result.inventory.devices:
+            config = NicConfig(moveInterface=True) if device.net_interface else opaque.default_for(device.kind)
+            built_edits = edits.build(device, config, claim="ns/c", request="r", dev_root=node.dev)
+            spec = cdi.build_spec("accel.dra.io", [CdiDevice(f"u-{device.name}", built_edits)], "claim ns/c")
+            check_spec(spec)
+            assert schema_errors(spec) == [], (profile, device.name)
 
 
 def test_semver_normalization():

@@ -1,0 +1,338 @@
+"""`dra-driver demo`: the whole driver on this machine, no cluster, no hardware.
+
+Starts the API server emulator, runs `dra-driver run --mock <profile>` as a real process,
+registers it with a fake kubelet, allocates claims with the DeviceClass and claim CEL
+selectors (built-in ones that fit the profile, or those of `--claim FILE`), prepares them
+over the kubelet's gRPC protocol, starts a podman container with the returned CDI devices
+where podman can run (root, podman, runc, busybox-static), prints what the container saw,
+then unprepares and stops.
+
+It leaves the host as it found it. CDI specs go to the real /var/run/cdi only when podman
+runs (podman reads them there); the demo's claims have UIDs that start with `demo-`, so
+their specs (`<driver>-claim_demo-*.json`) are recognisably the demo's. They are removed
+on success, on failure, on Ctrl-C and on SIGTERM, and stale ones of an earlier, killed
+demo are removed at start. The driver process dies with the demo.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from driver import deviceclasses
+from driver.demo import podman
+from driver.demo.claims import BUILTIN, ClaimFileError, DemoClaim, fill, from_file
+from driver.devices.model import Device, DeviceKind, Inventory
+
+NODE = "demo-node"
+UID_PREFIX = "demo-"
+SYSTEM_CDI = Path("/var/run/cdi")
+EXIT_USAGE = 2
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class Stopped(Exception):
+    """SIGTERM: unwind through the same cleanup as Ctrl-C."""
+
+
+def podman_ready() -> str | None:
+    return podman.ready()
+
+
+def _die_with_parent() -> None:
+    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphaned driver if we are killed
+
+
+def demo_specs(cdi_root: Path, driver: str) -> list[Path]:
+    return sorted(cdi_root.glob(f"{driver}-claim_{UID_PREFIX}*.json"))
+
+
+@dataclass
+class Demo:
+    profile: str
+    driver: str
+    out: Callable[[str], None]
+    err: Callable[[str], None]
+    claims: list[DemoClaim] = field(default_factory=list)
+    extra_classes: dict[str, list[str]] = field(default_factory=dict)
+    from_file: bool = False
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp")))
+    proc: subprocess.Popen | None = None
+    cdi_root: Path = SYSTEM_CDI
+    why_no_container: str | None = None
+    ours: list[str] = field(default_factory=list)  # UIDs of the claims we created
+
+    @property
+    def log_file(self) -> Path:
+        return self.work / "driver.log"
+
+    # -- the driver process ----------------------------------------------------------------
+    def start_driver(self, api) -> None:
+        args = [sys.executable, "-m", "driver", "run", "--node-name", NODE, "--driver-name", self.driver,
+                "--mock", self.profile, "--kubeconfig", str(api.kubeconfig(self.work)),
+                "--kubelet-registrar-dir", str(self.work / "registry"),
+                "--kubelet-plugins-dir", str(self.work / "plugins"), "--cdi-root", str(self.cdi_root),
+                "--state-dir", str(self.work / "state"), "--metrics-port", "0", "--healthz-port", "0",
+                "--log-format", "json"]
+        with open(self.log_file, "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
+
+    def wait_for_registration_socket(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        registry = self.work / "registry"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the driver exited with code {self.proc.returncode}: {self.driver_error()}")
+            if any(not p.name.startswith(".") for p in registry.glob("*.sock")):
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"the driver did not register within {timeout:g}s; log: {self.log_file}")
+
+    def driver_error(self) -> str:
+        """The driver's own last words: its one-line error, or its last log event."""
+        try:
+            lines = [ln for ln in self.log_file.read_text().splitlines() if ln.strip()]
+        except OSError:
+            return "(no output)"
+        for line in reversed(lines):
+            if line.startswith("dra-driver:"):
+                return line.removeprefix("dra-driver: ")
+        return lines[-1] if lines else "(no output)"
+
+    def stop_driver(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    # -- the host's CDI directory ----------------------------------------------------------
+    def remove_stale_specs(self) -> None:
+        stale = demo_specs(self.cdi_root, self.driver)
+        for path in stale:
+            path.unlink(missing_ok=True)
+        if stale:
+            self.out(f"== removed {len(stale)} stale CDI spec(s) of an earlier demo run from "
+                     f"{self.cdi_root}: {', '.join(p.name for p in stale)}")
+
+    def remove_our_specs(self) -> int:
+        removed = 0
+        for uid in self.ours:
+            path = self.cdi_root / f"{self.driver}-claim_{uid}.json"
+            if path.exists():
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    # -- the demo --------------------------------------------------------------------------
+    def run(self, Unsatisfiable, allocate, allocation_config, allocation_results) -> int:
+        from driver.sim.apiserver import ApiServer, claim_allocated
+        from driver.sim.kubelet import Claim, FakeKubelet
+
+        self.why_no_container = podman.ready()
+        if self.cdi_root not in podman.SPEC_DIRS and self.why_no_container is None:
+            self.why_no_container = f"podman does not read CDI specs from {self.cdi_root}"
+        if self.cdi_root == SYSTEM_CDI and self.why_no_container is not None:
+            self.cdi_root = self.work / "cdi"  # no container to give them to: keep them private
+        keep_log = False
+        kubelet = None
+        prepared: list[Claim] = []
+        try:
+            with ApiServer() as api:
+                api.add_node(NODE)
+                self.out(f"== API server emulator at {api.url}; driver state in {self.work}")
+                self.remove_stale_specs()
+                self.start_driver(api)
+                try:
+                    self.wait_for_registration_socket()
+                except RuntimeError as error:
+                    self.err(f"dra-driver demo: {error}")
+                    keep_log = True
+                    return 1
+                kubelet = FakeKubelet(self.work / "registry")
+                info = kubelet.register()
+                self.out(f"== kubelet: registered {info.name} ({', '.join(info.supported_versions)}), "
+                         f"talking {kubelet.version}")
+                api.wait_for(lambda: bool(api.state.slices), timeout=30)
+                time.sleep(0.3)
+                stored = api.slices()
+                inventory = _inventory_from_slices(stored, self.driver)
+                self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
+                         f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
+                classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
+                rootfs = podman.busybox_rootfs(self.work) if self.why_no_container is None else None
+                taken: set[str] = set()
+                ran: set[str] = set()
+                skipped: list[str] = []
+                problems: list[str] = []
+                for claim in self.claims:
+                    if claim.instead_of and ran & set(claim.instead_of):
+                        continue
+                    spec = fill(claim.spec, self.driver)
+                    try:
+                        choices = allocate(spec, inventory, classes, self.driver, taken)
+                    except Unsatisfiable as error:
+                        if self.from_file:
+                            problems.append(f"claim {claim.name} cannot be allocated on profile "
+                                            f"{self.profile}: {error}")
+                            self.out(f"\n== claim {claim.name}: {claim.what}\n   not allocated: {error}")
+                        elif not claim.instead_of:
+                            skipped.append(f"{claim.name} (fits {claim.fits})")
+                        continue
+                    ran.add(claim.name)
+                    results = allocation_results(choices, self.driver, NODE)
+                    taken |= {r["device"] for r in results}
+                    ref = Claim("default", claim.name, f"{UID_PREFIX}{uuid.uuid4()}")
+                    self.ours.append(ref.uid)
+                    api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
+                                                  allocation_config(spec, self.driver)))
+                    self.out(f"\n== claim {claim.name}: {claim.what}")
+                    self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}" for r in results))
+                    entry = kubelet.prepare([ref]).claims[ref.uid]
+                    if entry.error:
+                        problems.append(f"claim {claim.name} failed to prepare: {entry.error}")
+                        self.out(f"   prepare failed: {entry.error}")
+                        continue
+                    prepared.append(ref)
+                    cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+                    self.out("   prepared: " + ", ".join(cdi_ids))
+                    self.show(rootfs, ref, cdi_ids, problems, claim.name)
+                if skipped:
+                    self.out(f"\n== not on profile {self.profile}: {', '.join(skipped)}")
+                self.out("")
+                if not ran:
+                    problems.append(f"no claim fits profile {self.profile}")
+                unprepared = 0
+                for ref in list(prepared):
+                    entry = kubelet.unprepare([ref]).claims[ref.uid]
+                    if entry.error:
+                        problems.append(f"claim {ref.name} failed to unprepare: {entry.error}")
+                    else:
+                        prepared.remove(ref)
+                        unprepared += 1
+                left = [p.name for p in self.cdi_root.glob(f"{self.driver}-claim_*.json")
+                        if any(uid in p.name for uid in self.ours)]
+                self.out(f"== unprepared {unprepared} claims; CDI specs left: {len(left)}")
+                kubelet.close()
+                kubelet = None
+                code = self.stop_driver()
+                self.out(f"== driver stopped (exit {code}); {len(api.slices())} slices stay published "
+                         "for the next instance")
+                if code != 0:
+                    problems.append(f"the driver exited with code {code}: {self.driver_error()}")
+                if left:
+                    problems.append(f"CDI specs left behind: {', '.join(left)}")
+                for problem in problems:
+                    self.err(f"dra-driver demo: {problem}")
+                keep_log = bool(problems)
+                return 1 if problems else 0
+        finally:
+            if kubelet is not None and prepared:
+                for ref in prepared:
+                    try:
+                        kubelet.unprepare([ref], timeout=5)
+                    except Exception:  # the driver may be gone: the spec removal below covers it
+                        pass
+            if kubelet is not None:
+                kubelet.close()
+            self.stop_driver()
+            self.remove_our_specs()
+            if keep_log:
+                self.err(f"dra-driver demo: driver log kept in {self.log_file}")
+            else:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+    def show(self, rootfs: Path | None, ref, cdi_ids: list[str], problems: list[str], name: str) -> None:
+        if rootfs is not None:
+            seen = podman.run(rootfs, cdi_ids)
+            if seen.returncode != 0:
+                problems.append(f"claim {name}: the container failed: {seen.stderr.strip()}")
+                self.out(f"   container failed: {seen.stderr.strip()}")
+                return
+            self.out("   container saw:")
+            for line in seen.stdout.splitlines():
+                self.out(f"     {line}")
+            return
+        spec_file = self.cdi_root / f"{self.driver}-claim_{ref.uid}.json"
+        edits = [d["containerEdits"] for d in json.loads(spec_file.read_text())["devices"]]
+        self.out(f"   (no container: {self.why_no_container}) CDI spec {spec_file.name}:")
+        for e in edits:
+            self.out(f"     nodes {[n['path'] for n in e.get('deviceNodes', [])]}")
+
+
+
+def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[str], None] = print,
+         claim_file: Path | None = None, err: Callable[[str], None] | None = None,
+         cdi_root: Path | None = None) -> int:
+    err = err or (lambda line: print(line, file=sys.stderr))
+    try:
+        from driver.sim.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
+    except ImportError as error:
+        err(f"dra-driver demo: the demo needs the [demo] extra (cel-python): pip install '.[demo]' ({error})")
+        return EXIT_USAGE
+    from driver.devices.mock import ProfileError
+    from driver.devices.mock import load as load_profile
+
+    try:
+        load_profile(profile)
+    except ProfileError as error:
+        err(f"dra-driver demo: --profile: {error}")
+        return EXIT_USAGE
+    claims, classes = list(BUILTIN), {}
+    if claim_file is not None:
+        try:
+            claims, classes = from_file(claim_file)
+        except ClaimFileError as error:
+            err(f"dra-driver demo: {error}")
+            return EXIT_USAGE
+
+    demo = Demo(profile, driver, out, err, claims, classes, from_file=claim_file is not None,
+                cdi_root=cdi_root or SYSTEM_CDI)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
+    except KeyboardInterrupt:
+        out("\n== interrupted (Ctrl-C); cleaned up")
+        return 130
+    except Stopped:
+        out("\n== stopped (SIGTERM); cleaned up")
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped()
+
+
+def _inventory_from_slices(stored: list[dict], driver: str) -> Inventory:
+    """Devices as the scheduler sees them: from the published slices, not from discovery."""
+    from driver.devices.model import Version
+
+    devices = []
+    for obj in stored:
+        for d in obj["spec"]["devices"]:
+            attrs = {}
+            for key, value in d.get("attributes", {}).items():
+                (kind, v), = value.items()
+                attrs[key] = Version(v) if kind == "version" else v
+            kind = DeviceKind(attrs["type"])
+            devices.append(Device(d["name"], kind, attrs,
+                                  {k: c["value"] for k, c in d.get("capacity", {}).items()}))
+    return Inventory(tuple(devices))
