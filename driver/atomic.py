@@ -8,8 +8,14 @@ driver pods during an upgrade are both PID 1 and write into the same directories
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Callable
+
+# A temp file lives for milliseconds. One younger than this may belong to a writer we do
+# not know about (another driver with its own state directory writing into the same
+# /var/run/cdi, such as `dra-driver demo` beside a real installation): never swept.
+SWEEP_MIN_AGE_SECONDS = 60.0
 
 TEMP_MARK = ".tmp-"
 
@@ -51,11 +57,14 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def sweep_temp_files(directory: Path, alive: Callable[[str], bool], prefix: str = "") -> list[Path]:
-    """Remove temp files that dead writers left behind. `alive(owner)` says whether the
-    instance named in a temp file still runs: its files may be in the middle of a write
-    (the other pod of an upgrade) and are left alone."""
+def sweep_temp_files(directory: Path, owner_state: Callable[[str], str], prefix: str = "",
+                     min_age: float = SWEEP_MIN_AGE_SECONDS) -> list[Path]:
+    """Remove temp files that dead writers left behind. `owner_state(owner)` (see
+    driver/instance.py) says what became of the instance named in a temp file: "alive" (it
+    may be in the middle of a write: the other pod of an upgrade) keeps the file, "dead"
+    removes it, "unknown" removes it only once it is older than `min_age`."""
     removed = []
+    now = time.time()
     try:
         entries = list(directory.iterdir())
     except FileNotFoundError:
@@ -64,7 +73,13 @@ def sweep_temp_files(directory: Path, alive: Callable[[str], bool], prefix: str 
         name = entry.name
         if not name.startswith(f".{prefix}") or TEMP_MARK not in name:
             continue
-        if alive(name.rsplit(TEMP_MARK, 1)[1]):
+        state = owner_state(name.rsplit(TEMP_MARK, 1)[1])
+        if state == "alive":
+            continue
+        try:
+            if state != "dead" and now - entry.lstat().st_mtime < min_age:
+                continue
+        except FileNotFoundError:
             continue
         entry.unlink(missing_ok=True)
         removed.append(entry)

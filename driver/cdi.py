@@ -126,7 +126,7 @@ class CdiWriter:
         self.vendor = vendor
         self.instance = instance
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.root, instance.alive, prefix=f"{vendor}-{CLAIM_CLASS}_")
+        atomic.sweep_temp_files(self.root, instance.owner_state, prefix=f"{vendor}-{CLAIM_CLASS}_")
 
     def path(self, claim_uid: str) -> Path:
         if not names.is_dns_label(claim_uid):

@@ -90,7 +90,7 @@ class Checkpoint:
         self.directory = state_dir / "claims"
         self.instance = instance
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.directory, instance.alive)
+        atomic.sweep_temp_files(self.directory, instance.owner_state)
         self._changes = self.directory / ".changes"
         self._counter = 0
         self._seen: str | None = None  # the .changes content our cache reflects

@@ -9,8 +9,10 @@ for its whole life; the kernel drops the lock when the process dies, even on SIG
 That one mechanism answers three questions:
 * private file names: temp files and staging sockets carry the token, so two instances
   never write the same temp file;
-* start-up sweeps: a leftover carrying a token whose lock is free belongs to a dead
-  instance and may go; one whose lock is held belongs to the other pod and stays;
+* start-up sweeps: a leftover carrying a token whose lock file is there but free belongs
+  to a dead instance and may go; one whose lock is held belongs to the other pod and
+  stays; a token with no lock file is a writer we do not know (another state directory
+  writing into the same CDI directory), left to an age rule (driver/atomic.py);
 * who publishes: the newest live instance (latest start) writes ResourceSlices, an older
   one stands by, so two versions with different inventories do not take turns rewriting.
 """
@@ -107,30 +109,42 @@ class Instance:
             os.close(fd)  # closing drops a shared lock we may have taken
         return False
 
+    def owner_state(self, token: str) -> str:
+        """"alive", "dead" (an instance of this state directory that is gone) or "unknown"."""
+        if token == self.token:
+            return "alive"
+        if not token or "/" in token or token.startswith("."):
+            return "unknown"
+        path = self._lock_path(token)
+        if self._held(path):
+            return "alive"
+        return "dead" if path.exists() else "unknown"
+
     def alive(self, token: str) -> bool:
         """Is the instance that owns `token` still running (on this node)?"""
-        if token == self.token:
-            return True
-        if not token or "/" in token or token.startswith("."):
-            return False
-        return self._held(self._lock_path(token))
+        return self.owner_state(token) == "alive"
 
-    def peers(self) -> list[Peer]:
-        """Other live instances, oldest first; entries of dead ones are removed on the way."""
-        found = []
+    def forget_dead(self) -> int:
+        """Remove the entries of dead instances; call once their leftovers are swept."""
+        removed = 0
+        for entry in self._entries():
+            if entry.name != self.token and not self._held(entry):
+                entry.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def _entries(self) -> list[Path]:
         try:
-            entries = list(self.directory.iterdir())
+            return list(self.directory.iterdir())
         except FileNotFoundError:
             return []
-        for entry in entries:
+
+    def peers(self) -> list[Peer]:
+        """Other live instances, oldest first."""
+        found = []
+        for entry in self._entries():
             name = entry.name
-            if name == self.token:
-                continue
-            if name.startswith("."):
-                self._sweep_staging(entry)
-                continue
-            if not self._held(entry):
-                entry.unlink(missing_ok=True)
+            if name == self.token or name.startswith(".") or not self._held(entry):
                 continue
             try:
                 started = int(entry.read_text().split()[0])
@@ -138,11 +152,6 @@ class Instance:
                 started = 0
             found.append(Peer(name, started))
         return sorted(found, key=lambda p: (p.started_ns, p.token))
-
-    def _sweep_staging(self, entry: Path) -> None:
-        # `.<token>.<pid>.<random>`: a lock file a process died with before renaming it.
-        if not self._held(entry):
-            entry.unlink(missing_ok=True)
 
     def newer_peer(self) -> Peer | None:
         """The newest live instance that started after this one, if any."""

@@ -109,12 +109,14 @@ class Plugin:
         def driver_mounts() -> tuple[Mount, ...]:
             return driver_files.mounts(holder.result.nvidia_driver_version)
 
+        cdi_writer = CdiWriter(config.cdi_root, config.driver_name, instance)
+        instance.forget_dead()  # after the sweeps above, which need to know who died
         preparer = Preparer(
             driver=config.driver_name,
             pool=config.node_name,
             inventory=inventory,
             claims=ClaimReader(kube),
-            cdi_writer=CdiWriter(config.cdi_root, config.driver_name, instance),
+            cdi_writer=cdi_writer,
             checkpoint=checkpoint,
             boot_id=read_boot_id(node.proc),
             dev_root=node.dev,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -102,6 +103,9 @@ def test_every_crash_point_recovers():
         # Half-written temp files from a kill inside atomic.write.
         (dirs.cdi / f".{DRIVER}-claim_{claims[3].uid}.json.tmp-999").write_text("{\"half")
         (dirs.state / "claims" / f".{claims[3].uid}.json.tmp-999").write_text("{")
+        for leftover in (dirs.cdi / f".{DRIVER}-claim_{claims[3].uid}.json.tmp-999",
+                         dirs.state / "claims" / f".{claims[3].uid}.json.tmp-999"):
+            os.utime(leftover, (time.time() - 120, time.time() - 120))  # from a kill minutes ago
 
         driver = DriverProcess(api, dirs).start()
         kubelet = driver.kubelet()

@@ -247,19 +247,25 @@ def test_instances_in_one_process_are_told_apart_and_sweeps_spare_the_living(tmp
     in_flight = cdi_root / f".accel.dra.io-claim_u1.json{atomic.TEMP_MARK}{new.token}"
     dead = cdi_root / f".accel.dra.io-claim_u2.json{atomic.TEMP_MARK}0123456789ab"
     legacy = cdi_root / f".accel.dra.io-claim_u3.json{atomic.TEMP_MARK}999"  # PID-named, older version
-    for path in (in_flight, dead, legacy):
+    young = cdi_root / f".accel.dra.io-claim_u4.json{atomic.TEMP_MARK}fedcba987654"  # unknown writer
+    for path in (in_flight, dead, legacy, young):
         path.write_text("{")
+        if path is not young:
+            os.utime(path, (0, 0))
     cdi.CdiWriter(cdi_root, "accel.dra.io", old)  # start-up sweep of the older instance
     assert in_flight.exists() and not dead.exists() and not legacy.exists()
+    assert young.exists(), "a fresh temp file of a writer we do not know is left alone"
 
-    # A crashed instance (lock released, file left) is no longer alive, and is swept.
+    # A crashed instance (lock released, lock file left) is dead: its temp files go at
+    # once, whatever their age; then its entry is forgotten.
     token = new.token
     os.close(new._fd)
     new._fd = None
-    assert not old.alive(token) and old.peers() == []
-    assert not (state / "instances" / token).exists()
+    os.utime(in_flight, None)  # written just now
+    assert old.owner_state(token) == "dead" and old.peers() == []
     cdi.CdiWriter(cdi_root, "accel.dra.io", old)
     assert not in_flight.exists()
+    assert old.forget_dead() == 1 and old.owner_state(token) == "unknown"
     with pytest.raises(RuntimeError, match="already uses instance token"):
         Instance.register(state, "old-pod-uid")
     old.release()
