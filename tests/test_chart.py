@@ -115,6 +115,76 @@ def test_seamless_upgrade_pod_fits_twice_on_one_node():
     assert "SYSFS_ROOT" not in env and "POD_UID" not in env
 
 
+def test_by_default_only_accelerator_nodes():
+    ds, _, _ = container(render())
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = [t["matchExpressions"][0]["key"] for t in terms]
+    assert all(len(t["matchExpressions"]) == 1 for t in terms), "terms are ORed: any one label suffices"
+    for vendor in ("10de", "10ee", "8086", "15b3"):
+        assert any(k.startswith("feature.node.kubernetes.io/pci-") and k.endswith(f"_{vendor}.present")
+                   for k in keys), vendor
+    assert all(t["matchExpressions"][0]["values"] == ["true"] for t in terms)
+    # Added to, or replaced.
+    ds, _, _ = container(render({"acceleratorNodes": {"extraLabels": ["my.example.com/accel"]}}))
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[-1]["matchExpressions"][0]["key"] == "my.example.com/accel" and len(terms) == len(keys) + 1
+    ds, _, _ = container(render({"acceleratorNodes": {"labels": ["my.example.com/accel"]}}))
+    assert len(ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]) == 1
+    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "x", "operator": "Exists"}]}}]}}
+    assert container(render({"affinity": own}))[0]["spec"]["template"]["spec"]["affinity"] == own
+    for values in ({"acceleratorNodes": {"enabled": False}}, {"mock": {"enabled": True}}):
+        assert "affinity" not in container(render(values))[0]["spec"]["template"]["spec"]
+    validate_all(render({"acceleratorNodes": {"extraLabels": ["my.example.com/accel"]}}))
+
+
+def test_mock_profile_is_validated_against_the_built_in_profiles():
+    import json
+
+    from driver.devices import mock
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["mock"]["properties"]["profile"]["enum"] == mock.builtin_profiles()
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmError, match="profile"):
+        chart.render({"mock": {"enabled": True, "profile": "h100x9"}}, name="dra", namespace="x")
+
+
+def test_every_name_starts_with_the_release():
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding", "DeviceClass"}
+    for release in ("dra", "team-a"):
+        chart = helm.Chart.load(str(CHART))
+        out = chart.render({}, name=release, namespace="ns", is_install=True)
+        objects = [d for path, text in out.items() if not path.endswith(".txt")
+                   for d in yaml.safe_load_all(text) if d]
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            if obj["kind"] == "DeviceClass":
+                assert name.endswith(f".{DRIVER}"), "DeviceClass names are the public API"
+                continue
+            assert name.startswith(f"{release}-dra-accel-driver"), (obj["kind"], name)
+        assert {o["kind"] for o in objects} >= cluster_scoped
+
+
+def test_chart_readme_documents_every_value():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict) and value and key not in ("resources",):
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+
+    missing = [key for key in leaves(values) if f"| `{key}` |" not in readme]
+    assert missing == []
+
+
 def test_mock_mode_and_older_kubelets():
     objects = render({"mock": {"enabled": True, "profile": "h100x8"},
                       "kubelet": {"seamlessUpgrade": False, "rootDir": "/var/lib/k0s/kubelet"}})

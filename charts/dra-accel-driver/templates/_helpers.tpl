@@ -1,5 +1,13 @@
+{{/* Every object's name starts with the release name; the chart's name follows unless the
+release name already contains it, so cluster-scoped objects (ClusterRole, admission
+policy) never collide with another chart's. DeviceClasses are the exception: their names
+(gpu.<driverName>, ...) are what users' claims reference. */}}
 {{- define "dra.fullname" -}}
-{{- printf "%s" (.Release.Name | trunc 50 | trimSuffix "-") -}}
+{{- if contains "dra-accel-driver" .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-dra-accel-driver" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "dra.labels" -}}
