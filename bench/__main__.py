@@ -261,7 +261,7 @@ def main() -> int:
     node = mock.build(mock.load("sriov-large"), scratch / "large")
     table.value("sriov-large: write the mock sysfs tree", f"{(time.perf_counter() - t) * 1000:.0f} ms",
                 "mock-only cost, no real node pays it")
-    sources = Sources(node.sysfs, node.proc, node.nvml)
+    sources = node.sources()
     times = []
     for _ in range(3):
         t = time.perf_counter()

@@ -1,7 +1,10 @@
-"""Command line: parse arguments, build the Config, hand over to the package.
+"""dra-driver: a Kubernetes Dynamic Resource Allocation (DRA) driver for GPUs, FPGAs and
+NICs. On each node it discovers the accelerators (NVML, sysfs), publishes them as
+ResourceSlices and serves the kubelet's DRA gRPC API, turning allocated ResourceClaims
+into CDI devices for containers.
 
-    dra-driver discover [-o table|yaml|json]   what this node would publish, no cluster
-    dra-driver run                             the kubelet plugin
+Every option also reads an environment variable (flags win); `--mock PROFILE` runs on a
+generated fake node. `dra-driver COMMAND --help` lists a command's options.
 """
 
 from __future__ import annotations
@@ -12,28 +15,52 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from driver import __version__, logs, report, slices
-from driver.config import ConfigError, Config, add_arguments, build
+from driver import __version__, logs, preflight, report, slices
+from driver.config import CLEANUP, DISCOVER, RUN, ConfigError, Config, add_arguments, build
 from driver.devices.discovery import discover, log_result
 from driver.node import open_node
 
 EXIT_USAGE = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error of ours."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="dra-driver", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    from driver.devices.mock import builtin_profiles
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    top = _Parser(prog="dra-driver", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     top.add_argument("--version", action="version", version=f"dra-driver {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    disc = commands.add_parser("discover", help="print the devices this node would publish")
-    disc.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
-    add_arguments(disc)
-    run = commands.add_parser("run", help="run the kubelet plugin (DaemonSet entry point)")
-    add_arguments(run)
-    clean = commands.add_parser("cleanup", help="delete this node's ResourceSlices on purpose")
-    add_arguments(clean)
-    demo = commands.add_parser("demo", help="run the driver end to end locally on mock devices")
-    demo.add_argument("--profile", default="mixed", help="mock profile for the demo node")
+    profiles = ", ".join(builtin_profiles())
+    run = commands.add_parser(RUN, help="the kubelet plugin (DaemonSet entry point)",
+                              description="Run the kubelet plugin: discover, publish ResourceSlices, "
+                                          "serve NodePrepareResources / NodeUnprepareResources.")
+    add_arguments(run, RUN)
+    disc = commands.add_parser(DISCOVER, help="print the devices this node would publish",
+                               description="Print what this node would publish, without a cluster. "
+                                           f"--mock PROFILE shows a mock node ({profiles}).")
+    disc.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table",
+                      help="table: one line per device, and what is not published and why; "
+                           "yaml/json: the complete resource.k8s.io/v1 ResourceSlices (default: table)")
+    add_arguments(disc, DISCOVER)
+    clean = commands.add_parser(CLEANUP, help="delete this node's ResourceSlices on purpose",
+                                description="Delete this node's ResourceSlices of this driver (a normal "
+                                            "shutdown keeps them for the next instance).")
+    add_arguments(clean, CLEANUP)
+    demo = commands.add_parser("demo", help="run the driver end to end locally on mock devices",
+                               formatter_class=formatter,
+                               description="Run the real driver process against an API server emulator "
+                                           "and a fake kubelet on a mock node; prepare claims and, where "
+                                           "podman can run, start containers with their CDI devices.")
+    demo.add_argument("--profile", default="mixed", help=f"mock profile for the demo node: {profiles}, "
+                                                         "or a profile YAML file")
     demo.add_argument("--claim", type=Path, default=None, metavar="FILE",
                       help="allocate and prepare the ResourceClaims / ResourceClaimTemplates of this "
                            "YAML file (e.g. examples/gpu-single/claim.yaml) instead of the built-in ones")
@@ -43,6 +70,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def usage_error(message: str) -> int:
+    print(f"dra-driver: configuration error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "demo":
@@ -50,16 +82,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root)
     try:
-        config = build(args)
+        config = build(args, command=args.command)
+        if args.command == RUN:
+            preflight.for_run(config)
+        elif args.command == DISCOVER:
+            preflight.for_discover(config)
     except ConfigError as err:
-        print(f"dra-driver: configuration error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(str(err))
     logs.configure(config.log_format, config.log_level)
-    if args.command == "discover":
+    if args.command == DISCOVER:
         return run_discover(config, args.output)
-    if args.command == "run":
+    if args.command == RUN:
         return run_plugin(config)
-    if args.command == "cleanup":
+    if args.command == CLEANUP:
         return run_cleanup(config)
     raise AssertionError(args.command)
 
@@ -67,32 +102,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_plugin(config: Config) -> int:
     import asyncio
 
-    from kubernetes.config import ConfigException
-
+    from driver.kube import ClientConfigError, Kube, api_client
     from driver.plugin import StartupError, serve
 
     try:
-        return asyncio.run(serve(config))
+        kube = Kube(api_client(config.kubeconfig))  # before anything logs: a bad file is one line
+    except ClientConfigError as err:
+        return usage_error(str(err))
+    try:
+        return asyncio.run(serve(config, kube))
     except StartupError as err:
-        print(f"dra-driver: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except ConfigException as err:
-        print(f"dra-driver: cannot reach the API server: {err} "
-              "(set --kubeconfig outside a cluster)", file=sys.stderr)
-        return 1
+        return usage_error(str(err))
 
 
 def run_cleanup(config: Config) -> int:
-    from kubernetes.config import ConfigException
-
     from driver.devices.model import Inventory
-    from driver.kube import ApiError, Kube, api_client
+    from driver.kube import ApiError, ClientConfigError, Kube, api_client
     from driver.publisher import Publisher
 
     try:
         kube = Kube(api_client(config.kubeconfig))
+    except ClientConfigError as err:
+        return usage_error(str(err))
+    try:
         deleted = Publisher(kube, config.driver_name, config.node_name, Inventory).delete_all()
-    except (ConfigException, ApiError) as err:
+    except ApiError as err:
         print(f"dra-driver: cleanup failed: {err}", file=sys.stderr)
         return 1
     logs.get("cleanup").info("slices_deleted", node=config.node_name, count=deleted)
@@ -105,7 +139,8 @@ def run_discover(config: Config, output: str) -> int:
         result = discover(node.sources(config))
     log_result(result, logs.get("discovery"))
     if output == "table":
-        sys.stdout.write(report.table(result.inventory, result.excluded))
+        skipped = [(p.device, p.message) for p in result.problems if p.skipped]
+        sys.stdout.write(report.table(result.inventory, result.excluded, skipped))
         return 0
     pool = slices.PoolIdentity(config.driver_name, config.node_name)
     objects = slices.build(result.inventory, pool, generation=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from driver import names
-from driver.devices.mock import Profile, ProfileError
+from driver.devices.mock import Profile, ProfileError, builtin_profiles
 from driver.devices.mock import load as load_profile
 from driver.devices.net import NicFilter, NicSelector
 from driver.kubelet import sockets
@@ -26,6 +26,11 @@ class ConfigError(ValueError):
     """Bad configuration: the message names the flag / variable and what is wrong."""
 
 
+RUN, DISCOVER, CLEANUP = "run", "discover", "cleanup"
+ALL = frozenset({RUN, DISCOVER, CLEANUP})
+NODE = frozenset({RUN, DISCOVER})  # what reads the node's devices
+
+
 @dataclass(frozen=True)
 class Option:
     dest: str
@@ -33,13 +38,15 @@ class Option:
     env: str
     default: Any
     help: str
+    commands: frozenset[str] = frozenset({RUN})  # the subcommands that take it
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("node_name", "--node-name", "NODE_NAME", None,
-           "Kubernetes node name; pool and slices are named after it (default: hostname)"),
+           "Kubernetes node name; pool and slices are named after it (default: hostname)",
+           commands=ALL),
     Option("driver_name", "--driver-name", "DRIVER_NAME", DEFAULT_DRIVER,
-           "DRA driver name (DNS subdomain); DeviceClasses select on it"),
+           "DRA driver name (DNS subdomain); DeviceClasses select on it", commands=ALL),
     Option("kubelet_registrar_dir", "--kubelet-registrar-dir", "KUBELET_REGISTRAR_DIR",
            "/var/lib/kubelet/plugins_registry", "directory the kubelet watches for plugins"),
     Option("kubelet_plugins_dir", "--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR",
@@ -47,32 +54,38 @@ OPTIONS: tuple[Option, ...] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", "where CDI specs are written"),
     Option("state_dir", "--state-dir", "STATE_DIR", None,
            "checkpoint and lock directory (default: <kubelet-plugins-dir>/<driver-name>)"),
-    Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", None, "what stands for /sys (default /sys)"),
+    Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", None, "what stands for /sys (default /sys)",
+           commands=NODE),
     Option("dev_root", "--dev-root", "DEV_ROOT", None, "what stands for /dev (default /dev)"),
-    Option("proc_root", "--proc-root", "PROC_ROOT", None, "what stands for /proc (default /proc)"),
+    Option("proc_root", "--proc-root", "PROC_ROOT", None, "what stands for /proc (default /proc)",
+           commands=NODE),
     Option("nvidia_driver_root", "--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", None,
            "host path of the NVIDIA driver installation whose libraries GPU containers get "
            "(default /; /run/nvidia/driver with the GPU operator)"),
     Option("nvidia_driver_root_mount", "--nvidia-driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None,
            "where this process sees --nvidia-driver-root (default: the same path)"),
     Option("mock", "--mock", "MOCK_PROFILE", None,
-           "mock devices: a built-in profile name or a profile YAML file"),
+           f"mock devices: a built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file",
+           commands=NODE),
     Option("kubeconfig", "--kubeconfig", "KUBECONFIG", None,
-           "kubeconfig file (default: in-cluster service account)"),
+           "kubeconfig file (default: in-cluster service account)",
+           commands=frozenset({RUN, CLEANUP})),
     Option("metrics_port", "--metrics-port", "METRICS_PORT", "9400",
            "Prometheus metrics port, 0 disables"),
     Option("healthz_port", "--healthz-port", "HEALTHZ_PORT", "9401",
            "liveness/readiness HTTP port, 0 disables"),
     Option("log_format", "--log-format", "LOG_FORMAT", "auto",
-           "json, console, or auto (console on a terminal, JSON otherwise)"),
-    Option("log_level", "--log-level", "LOG_LEVEL", "info", "debug, info, warning or error"),
+           "json, console, or auto (console on a terminal, JSON otherwise)", commands=ALL),
+    Option("log_level", "--log-level", "LOG_LEVEL", "info", "debug, info, warning or error",
+           commands=ALL),
     Option("nic_include", "--nic-include", "NIC_INCLUDE", "",
            "comma-separated NIC selectors to publish (NAME-GLOB, vendor=0xVVVV, pci=GLOB); "
-           "empty: all physical NICs"),
+           "empty: all physical NICs", commands=NODE),
     Option("nic_exclude", "--nic-exclude", "NIC_EXCLUDE", "",
-           "comma-separated NIC selectors never to publish"),
+           "comma-separated NIC selectors never to publish", commands=NODE),
     Option("nic_allow_default_route", "--nic-allow-default-route", "NIC_ALLOW_DEFAULT_ROUTE",
-           "false", "also publish the NIC that carries the default route (true/false)"),
+           "false", "also publish the NIC that carries the default route (true/false)",
+           commands=NODE),
     Option("rediscover_interval", "--rediscover-interval", "REDISCOVER_INTERVAL", "60",
            "seconds between full rediscoveries (uevents trigger one sooner)"),
     Option("health_interval", "--health-interval", "HEALTH_INTERVAL", "5",
@@ -133,14 +146,22 @@ class Config:
         return sockets.first_fitting(candidates) or candidates[0]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, command: str = RUN) -> None:
+    """The flags `command` takes (each subcommand accepts only the options it uses)."""
     for option in OPTIONS:
-        parser.add_argument(option.flag, dest=option.dest, default=None,
-                            help=f"{option.help} [env {option.env}]")
+        if command in option.commands:
+            shown = "" if option.default is None or "default" in option.help else \
+                f" (default: {option.default or 'empty'})"
+            parser.add_argument(option.flag, dest=option.dest, default=None, metavar=option.env,
+                                help=f"{option.help}{shown}; env {option.env}")
 
 
-def _raw(args: argparse.Namespace, env: Mapping[str, str], option: Option) -> tuple[Any, str]:
-    """The value and where it came from, for error messages."""
+def _raw(args: argparse.Namespace, env: Mapping[str, str], option: Option,
+         command: str) -> tuple[Any, str]:
+    """The value and where it came from, for error messages. Options the command does not
+    use keep their defaults: `discover` must not fail on a bad $CDI_ROOT it never reads."""
+    if command not in option.commands:
+        return option.default, f"{option.flag} default"
     value = getattr(args, option.dest, None)
     if value is not None:
         return value, option.flag
@@ -154,6 +175,24 @@ def _absolute(value: str, source: str) -> Path:
     if not path.is_absolute():
         raise ConfigError(f"{source}: {value!r} must be an absolute path")
     return path
+
+
+def _kubeconfig(value: str | None, source: str, cwd: Path) -> Path | None:
+    """As kubectl reads it: a relative path is relative to the working directory; the
+    variable may list several files (`a:b`), of which the first that exists is used."""
+    if not value:
+        return None
+    candidates = [cwd / p for p in str(value).split(os.pathsep) if p] if source.startswith("$") \
+        else [cwd / str(value)]
+    for path in candidates:
+        if path.is_dir():
+            raise ConfigError(f"{source}: {path} is a directory, not a kubeconfig file")
+        if path.exists():
+            return path
+    if len(candidates) == 1:
+        raise ConfigError(f"{source}: kubeconfig file not found: {candidates[0]}")
+    raise ConfigError(f"{source}: none of the kubeconfig files exists: "
+                      f"{', '.join(str(p) for p in candidates)}")
 
 
 def _port(value: str, source: str) -> int:
@@ -202,12 +241,13 @@ def _selectors(value: str, source: str) -> tuple[NicSelector, ...]:
         raise ConfigError(f"{source}: {err}") from err
 
 
-def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
+def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
+          command: str = RUN, cwd: Path | None = None) -> Config:
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     source: dict[str, str] = {}
     for option in OPTIONS:
-        raw[option.dest], source[option.dest] = _raw(args, env, option)
+        raw[option.dest], source[option.dest] = _raw(args, env, option, command)
 
     def get(dest: str, convert: Callable[[Any, str], Any] = lambda v, s: v) -> Any:
         return convert(raw[dest], source[dest]) if raw[dest] is not None else None
@@ -270,7 +310,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Con
         dev_root=get("dev_root", _absolute) or Path("/dev"),
         proc_root=get("proc_root", _absolute) or Path("/proc"),
         mock=mock,
-        kubeconfig=get("kubeconfig", _absolute),
+        kubeconfig=_kubeconfig(raw["kubeconfig"], source["kubeconfig"], cwd or Path.cwd()),
         metrics_port=metrics_port,
         healthz_port=healthz_port,
         log_format=log_format,

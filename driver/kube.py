@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -32,12 +33,27 @@ class NotFound(ApiError):
     pass
 
 
+class ClientConfigError(Exception):
+    """No usable API server configuration; the message says which file or why, with a hint."""
+
+
 def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     configuration = k8s.Configuration()
     if kubeconfig is not None:
-        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        try:
+            k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        except (k8s_config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError,
+                AttributeError) as err:
+            # A file that parses to a list or a string fails inside the loader with
+            # TypeError/AttributeError.
+            detail = " ".join(str(err).split()) or type(err).__name__
+            raise ClientConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}") from err
     else:
-        k8s_config.load_incluster_config(client_configuration=configuration)
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException as err:
+            raise ClientConfigError(f"not in a cluster and no kubeconfig given ({err}); set "
+                                    "--kubeconfig or $KUBECONFIG to run outside a cluster") from err
     # Keep-alive connections, enough for concurrent prepares and the publisher.
     configuration.connection_pool_maxsize = 16
     configuration.retries = False

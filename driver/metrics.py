@@ -20,10 +20,12 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 class _StateCollector(Collector):
     def __init__(self, prepared: Callable[[], int], devices: Callable[[], dict[str, int]],
-                 health: Callable[[], dict[tuple[str, str], int]]) -> None:
+                 health: Callable[[], dict[tuple[str, str], int]],
+                 nics_withheld: Callable[[], int] = lambda: 0) -> None:
         self.prepared = prepared
         self.devices = devices
         self.health = health
+        self.nics_withheld = nics_withheld
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         yield GaugeMetricFamily(f"{PREFIX}_prepared_claims", "Claims prepared on this node",
@@ -38,6 +40,9 @@ class _StateCollector(Collector):
         for (kind, status), count in sorted(self.health().items()):
             health.add_metric([kind, status], count)
         yield health
+        yield GaugeMetricFamily(f"{PREFIX}_nics_withheld_routing_unknown",
+                                "NICs not published because the routing table cannot be read",
+                                value=self.nics_withheld())
 
 
 class Metrics:
@@ -57,5 +62,5 @@ class Metrics:
                      registry=self.registry)
         info.labels(__version__, driver).set(1)
 
-    def watch_state(self, prepared, devices, health) -> None:
-        self.registry.register(_StateCollector(prepared, devices, health))
+    def watch_state(self, prepared, devices, health, nics_withheld=lambda: 0) -> None:
+        self.registry.register(_StateCollector(prepared, devices, health, nics_withheld))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from driver.config import Config
 from driver.devices import mock
 from driver.devices.discovery import Sources
 from driver.devices.nvml import load_nvml
+from driver.devices.pciids import PciIds
 from driver.instance import Instance
 
 
@@ -22,9 +23,10 @@ class NodeRoots:
     mock: mock.MockNode | None = None
     driver_root_host: Path = Path("/")  # NVIDIA driver files, as the runtime finds them
     driver_root_local: Path = Path("/")  # the same, as this process sees them
+    pci_ids: PciIds = field(default_factory=PciIds)  # read once, at the first lookup
 
     def sources(self, config: Config) -> Sources:
-        return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter)
+        return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids)
 
 
 def open_node(config: Config, mock_root: Path | None = None,
@@ -45,4 +47,5 @@ def open_node(config: Config, mock_root: Path | None = None,
     if node is None:
         node = mock.build(config.mock, root)
     return NodeRoots(node.sysfs, node.dev, node.proc, node.nvml, node,
-                     driver_root_host=node.driver_root, driver_root_local=node.driver_root)
+                     driver_root_host=node.driver_root, driver_root_local=node.driver_root,
+                     pci_ids=node.pci_db)

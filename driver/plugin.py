@@ -13,14 +13,13 @@ the directories (driver/instance.py): the newest instance publishes, both serve.
 from __future__ import annotations
 
 import asyncio
-import errno
 import signal
 from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
-from driver import logs
+from driver import logs, preflight
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.cdi import CdiWriter, Mount
 from driver.checkpoint import Checkpoint, read_boot_id
@@ -145,6 +144,7 @@ class Plugin:
             prepared=lambda: len(checkpoint.uids()),
             devices=lambda: _count_kinds(holder.inventory),
             health=health.summary,
+            nics_withheld=lambda: holder.result.nics_withheld_routing_unknown,
         )
 
         def ready() -> tuple[bool, str]:
@@ -196,10 +196,8 @@ class Plugin:
             return
         try:
             self.endpoints.append(HttpEndpoint(port, **routes).start())
-        except OSError as err:
-            why = "is already in use" if err.errno == errno.EADDRINUSE else f"cannot be opened ({err.strerror})"
-            raise StartupError(f"{option} {port}: the port {why}; another process on this "
-                               "network namespace holds it (pick another port, or 0 to disable)") from err
+        except OSError as err:  # lost to a race since the preflight check
+            raise StartupError(preflight.port_problem(err, port, option)) from err
 
     async def _offer_registration(self) -> None:
         """Bind a fresh registration socket and move it onto the public name; the old
@@ -290,8 +288,8 @@ def _count_kinds(inventory: Inventory) -> dict[str, int]:
     return counts
 
 
-async def serve(config: Config) -> int:
-    plugin = Plugin.create(config)
+async def serve(config: Config, kube: Kube | None = None) -> int:
+    plugin = Plugin.create(config, kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

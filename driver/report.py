@@ -10,7 +10,10 @@ import yaml
 from driver.devices.model import PCIE_ROOT, Device, Inventory
 
 
-def table(inventory: Inventory, excluded: Iterable[tuple[str, str]] = ()) -> str:
+def table(inventory: Inventory, excluded: Iterable[tuple[str, str]] = (),
+          skipped: Iterable[tuple[str, str]] = ()) -> str:
+    """`excluded`: (interface, reason) left out on purpose; `skipped`: (device, reason) that
+    could not be published (a GPU that fell off the bus, an unreadable card)."""
     header = ("NAME", "KIND", "MODEL", "MEMORY", "PCI", "PCIEROOT", "NUMA", "INTERFACE")
     rows = [header] + [_row(d) for d in inventory.devices]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -19,6 +22,8 @@ def table(inventory: Inventory, excluded: Iterable[tuple[str, str]] = ()) -> str
         lines.append("(no devices found)")
     for ifname, reason in excluded:
         lines.append(f"not published: interface {ifname}: {reason}")
+    for device, reason in skipped:
+        lines.append(f"not published: {device}: {reason}")
     return "\n".join(lines) + "\n"
 
 

@@ -80,10 +80,8 @@ def build(
         limit = MAX_DEVICES_WITH_TAINTS if any(taints.get(d.name) for d in devices) else MAX_DEVICES
         for index, start in enumerate(range(0, len(devices), limit)):
             chunks.append((kind, index, devices[start:start + limit]))
-    # An empty pool still publishes one empty slice: it tells the scheduler "this node has
-    # none" at the current generation, instead of leaving old slices looking authoritative.
-    if not chunks:
-        chunks.append((DeviceKind.GPU, 0, ()))
+    # Nothing to publish: no slice at all (an empty one only adds an object per node for
+    # every scheduler and controller to watch); the publisher deletes what was there.
     owner = []
     if pool.node_uid:
         owner = [{"apiVersion": "v1", "kind": "Node", "name": pool.node_name,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -11,16 +12,18 @@ from driver.devices.net import NicFilter
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"  # optional extras (the upstream CDI schema); never required
-SHORT_TMP = Path("/tmp")  # where tests/driverproc.py makes socket-friendly short folders
+# Where tests/driverproc.py makes socket-friendly short folders: named after this pytest
+# process, so that cleaning up never touches another session's or a user's folders.
+SHORT_TMP_PREFIX = f"/tmp/dra-test-{os.getpid()}-"
 
 
 @pytest.fixture(autouse=True)
 def _remove_short_temp_folders():
-    """Whatever a test does (including failing half-way), the /tmp/dra-* folders it made
-    for driver processes are removed after it."""
-    before = set(SHORT_TMP.glob("dra-*"))
+    """Whatever a test does (including failing half-way), the short folders it made for
+    driver processes are removed after it."""
     yield
-    for path in set(SHORT_TMP.glob("dra-*")) - before:
+    parent = Path(SHORT_TMP_PREFIX).parent
+    for path in parent.glob(Path(SHORT_TMP_PREFIX).name + "*"):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -29,7 +32,7 @@ def discover_profile(profile: str | mock.Profile, root: Path,
     if isinstance(profile, str):
         profile = mock.load(profile)
     node = mock.build(profile, root)
-    return node, discover(Sources(node.sysfs, node.proc, node.nvml, nic_filter))
+    return node, discover(node.sources(nic_filter))
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,9 @@ class DriverDirs:
 
     @classmethod
     def make(cls) -> "DriverDirs":
-        return cls(Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp")))
+        from tests.conftest import SHORT_TMP_PREFIX
+
+        return cls(Path(tempfile.mkdtemp(prefix=Path(SHORT_TMP_PREFIX).name, dir="/tmp")))
 
     @property
     def registry(self) -> Path:

@@ -136,3 +136,33 @@ def test_cli_exits_2_with_one_message():
         "dra-driver: configuration error: --driver-name: driver name 'Bad.Name' must be a lower-case "
         "DNS subdomain of at most 63 characters, e.g. accel.example.com"
     ]
+
+
+NIC = "{type: nic, model: connectx-7"
+
+
+@pytest.mark.parametrize("yaml_text, fragment", [
+    (f"roots: [{{devices: [{NIC}, rdma: \"false\"}}]}}]", "roots[0].devices[0].rdma: must be true or false (a YAML boolean), got 'false'"),
+    ("nvidia: {driverVersion: 550.54}\nroots: [{devices: [{type: gpu, model: l4}]}]", "nvidia.driverVersion: must be a string (quote it), got 550.54"),
+    ("nvidia: {}\nroots: [{devices: [{type: gpu, model: l4, lost: 1}]}]", "roots[0].devices[0].lost: must be true or false"),
+    ("roots: [{devices: [{type: dfl, model: d5005, afuId: not-hex}]}]", "roots[0].devices[0].afuId: must be 32 hexadecimal digits"),
+    ("roots: [{devices: [{type: gpu, model: h100}]}]", "unknown model 'h100'; known: a100-sxm4-40gb, h100-sxm5-80gb, h200, l4"),
+    ("roots: [{devices: [{type: 7}]}]", "roots[0].devices[0].type: must be gpu, nic, alveo or dfl"),
+    ("description: [a]\nroots: []", "description: must be a string"),
+    (f"roots: [{{devices: [{NIC}, ifName: eth9}}, {NIC}, ifName: eth9}}]}}]", "roots[0].devices[1].ifName: interface name 'eth9' is already used by roots[0].devices[0].ifName"),
+    (f"roots: [{{repeat: 2, devices: [{NIC}, ifName: eth9}}]}}]", "already used by roots[0].devices[0].ifName (the root repeats)"),
+    (f"managementNic: {{model: i350, ifName: eno1}}\nroots: [{{devices: [{NIC}, ifName: eno1}}]}}]", "already used by managementNic.ifName"),
+])
+def test_mock_profiles_are_validated_strictly(tmp_path, yaml_text, fragment):
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError) as caught:
+        parse(["--node-name", "n", "--mock", str(path)])
+    assert fragment in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_docs_list_every_mock_model():
+    from driver.devices.mock import catalog
+    from tests.conftest import REPO
+
+    assert catalog.markdown_table() in (REPO / "docs" / "mock-profiles.md").read_text()

@@ -83,7 +83,7 @@ def test_names_are_stable_across_runs_and_enumeration_order(tmp_path):
     random.Random(7).shuffle(node.nvml.gpus)
     for index, gpu in enumerate(node.nvml.gpus):
         gpu.index = index
-    reordered = discover(Sources(node.sysfs, node.proc, node.nvml))
+    reordered = discover(node.sources())
     assert [d.name for d in reordered.inventory.devices] == [d.name for d in first.inventory.devices]
     for device in reordered.inventory.devices:
         original = first.inventory.get(device.name)
@@ -183,3 +183,87 @@ def test_management_nic_and_virtual_interfaces_are_never_published(mixed):
     assert "eno1" not in interfaces
     assert not interfaces & {"lo", "docker0", "veth1a2b3c"}
     assert ("eno1", "carries the node's default route (management NIC)") in result.excluded
+
+
+def test_names_from_the_pci_id_database_and_vendor_ids_everywhere(built):
+    _, result = built("mixed")
+    by_name = {d.name: d for d in result.inventory.devices}
+    assert by_name["nic-0000-12-00-0"].attributes["productName"] == "MT2910 Family [ConnectX-7]"
+    assert by_name["nic-0000-41-00-2"].attributes["productName"] == "ConnectX Family mlx5Gen Virtual Function"
+    assert by_name["fpga-0000-31-00-1"].attributes["productName"] == "Alveo U250"
+    assert by_name["fpga-0000-32-00-0-port0"].attributes["productName"] == "FPGA Programmable Acceleration Card D5005"
+    assert by_name["gpu-0000-11-00-0"].attributes["productName"] == "NVIDIA H100 80GB HBM3", "NVML's name"
+    for device in result.inventory.devices:
+        assert device.attributes["pciVendorID"] in ("0x10de", "0x10ee", "0x8086", "0x15b3"), device.name
+    _, mig = built("a100-mig")
+    assert all(d.attributes["pciVendorID"] == "0x10de" for d in mig.inventory.devices
+               if d.kind in (DeviceKind.GPU, DeviceKind.MIG))
+
+
+def test_without_a_pci_id_database_the_name_is_the_ids(tmp_path):
+    from dataclasses import replace
+
+    from driver.devices.pciids import PciIds
+
+    node = mock.build(mock.load("sriov"), tmp_path / "m")
+    result = discover(replace(node.sources(), pci_ids=PciIds((tmp_path / "no-such-file",))))
+    assert {d.attributes["productName"] for d in result.inventory.devices} >= {"15b3:101d", "15b3:101e"}
+
+
+def test_a_virtio_nic_reports_its_network_driver(tmp_path):
+    profile = mock.parse("roots: [{devices: [{type: nic, model: virtio-net}]}]\n", "virtio")
+    node = mock.build(profile, tmp_path / "m")
+    (nic,) = discover(node.sources()).inventory.devices
+    assert nic.attributes["netDriver"] == "virtio_net", "not virtio-pci, the PCI transport"
+    assert nic.attributes["productName"] == "Virtio 1.0 network device"
+    assert nic.attributes["resource.kubernetes.io/pciBusID"] == "0000:11:00.0"
+
+
+def test_discover_footer_names_lost_devices_and_nvml_noise_only_matters_with_gpus(tmp_path):
+    profile = tmp_path / "lost.yaml"
+    profile.write_text("nvidia: {}\nroots: [{devices: [{type: gpu, model: l4}, {type: gpu, model: l4, lost: true}]}]\n")
+    proc = subprocess.run([sys.executable, "-m", "driver", "discover", "--mock", str(profile), "--node-name", "n"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    footer = [line for line in proc.stdout.splitlines() if line.startswith("not published:")]
+    assert len(footer) == 1 and "gpu" in footer[0].lower() and "lost" in footer[0].lower(), proc.stdout
+    quiet = subprocess.run([sys.executable, "-m", "driver", "discover", "--mock", "alveo", "--node-name", "n"],
+                           capture_output=True, text=True, timeout=60)
+    assert "nvml" not in quiet.stderr.lower(), "a GPU-less node has nothing to say about NVML"
+
+
+def test_nvml_missing_beside_nvidia_gpus_is_a_warning(tmp_path):
+    from driver.devices.discovery import log_result
+
+    node = mock.build(mock.load("l4"), tmp_path / "m")
+    result = discover(Sources(node.sysfs, node.proc, None, pci_ids=node.pci_db))
+    assert result.nvml_unavailable and result.nvidia_gpus_on_pci == 4
+    events = []
+
+    class Log:
+        def __getattr__(self, level):
+            return lambda event, **fields: events.append((level, event, fields))
+
+    log_result(result, Log())
+    assert ("warning", "nvml_unavailable") in [(lvl, ev) for lvl, ev, _ in events]
+
+
+def test_an_empty_node_publishes_no_slice_and_removes_old_ones(tmp_path):
+    from driver.devices.model import Inventory
+    from driver.kube import Kube, api_client
+    from driver.publisher import Publisher
+    from driver.sim.apiserver import ApiServer
+
+    _, result = discover_profile("alveo", tmp_path / "m")
+    with ApiServer() as api:
+        api.add_node("n")
+        holder = {"inventory": result.inventory}
+        publisher = Publisher(Kube(api_client(api.kubeconfig(tmp_path))), "accel.dra.io", "n",
+                              inventory=lambda: holder["inventory"])
+        publisher.reconcile()
+        assert len(api.slices()) == 1
+        holder["inventory"] = Inventory()
+        publisher.reconcile()
+        assert api.slices() == [] and publisher.stats.published
+        api.reset_writes()
+        assert publisher.reconcile() == 0 and api.writes() == []

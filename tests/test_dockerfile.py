@@ -51,3 +51,20 @@ def test_lock_pins_every_runtime_dependency():
     for dependency in project["dependencies"]:
         name = re.split(r"[<>=!~ ;\[]", dependency, 1)[0].lower().replace("_", "-")
         assert name in pins, f"{name} is not pinned in requirements.lock"
+
+
+def test_usage_comment_matches_the_entrypoint():
+    """With ENTRYPOINT dra-driver, `docker run IMAGE dra-driver ...` would run `dra-driver
+    dra-driver ...`: every example in the comments passes the subcommand directly."""
+    for line in DOCKERFILE.splitlines():
+        if "docker run IMAGE" in line:
+            assert "docker run IMAGE dra-driver" not in line, line
+            args = line.split("docker run IMAGE", 1)[1].split("`", 1)[0].split()
+            assert parser().parse_args(args + ["--node-name", "n"]).command in ("discover", "run")
+
+
+def test_the_image_has_the_pci_id_database():
+    from driver.devices.pciids import SYSTEM_PATHS
+
+    assert re.search(r"apt-get install [^\n]*\bpci\.ids\b", DOCKERFILE)
+    assert any(str(p) == "/usr/share/misc/pci.ids" for p in SYSTEM_PATHS), "where Debian's package puts it"

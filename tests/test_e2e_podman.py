@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from driver.demo import busybox_rootfs, podman_ready, run_container
+from driver.demo.podman import busybox_rootfs
+from driver.demo.podman import ready as podman_ready
+from driver.demo.podman import run as run_container
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DriverDirs, DriverProcess
 from tests.test_plugin_integration import GPU, NIC, new_claim

@@ -98,7 +98,7 @@ def test_attribute_change_rewrites_one_slice_same_generation(api, tmp_path):
     publisher.reconcile()
     api.reset_writes()
     (node.sysfs / "class" / "net" / "enp18s0f0" / "mtu").write_text("4200\n")
-    holder.inventory = discover(Sources(node.sysfs, node.proc, node.nvml)).inventory
+    holder.inventory = discover(node.sources()).inventory
     assert publisher.reconcile() == 1
     assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-0")]
     assert devices_in_api(api)["nic-0000-12-00-0"]["attributes"]["mtu"] == {"int": 4200}
@@ -223,7 +223,7 @@ roots:
 def test_hotplug_64_vfs_is_one_republish_and_removal_removes(api, tmp_path):
     root = tmp_path / "m"
     node = mock.build(mock.parse(NIC_PROFILE % 0, "nic.yaml"), root)
-    sources = Sources(node.sysfs, node.proc, node.nvml)
+    sources = node.sources()
     first = discover(sources)
     holder = Holder(first.inventory)
     publisher = make_publisher(api, tmp_path, holder)
@@ -258,7 +258,7 @@ def test_hotplug_64_vfs_is_one_republish_and_removal_removes(api, tmp_path):
 def test_periodic_rediscovery_catches_missed_events(api, tmp_path):
     root = tmp_path / "m"
     node = mock.build(mock.parse(NIC_PROFILE % 0, "nic.yaml"), root)
-    sources = Sources(node.sysfs, node.proc, node.nvml)
+    sources = node.sources()
     first = discover(sources)
     seen = []
     rediscovery = Rediscovery(lambda: discover(sources), seen.append, first, interval=0.5)
@@ -341,7 +341,7 @@ def test_updates_keep_what_others_added(api, tmp_path):
     api.edit_slice(name, decorate)
     assert publisher.reconcile() == 0, "metadata others add is not a difference"
     (node.sysfs / "class" / "net" / "enp18s0f0" / "mtu").write_text("4200\n")
-    holder.inventory = discover(Sources(node.sysfs, node.proc, node.nvml)).inventory
+    holder.inventory = discover(node.sources()).inventory
     api.reset_writes()
     assert publisher.reconcile() == 1 and api.writes() == [("update", name)]
     meta = next(s for s in api.slices() if s["metadata"]["name"] == name)["metadata"]

@@ -21,7 +21,7 @@ SNAPSHOT = REPO / "tests" / "data" / "sysfs" / "linux-amd64-accel-nvidia.tar.gz"
 
 
 def rediscover(node, nic_filter=NicFilter()):
-    return discover(Sources(node.sysfs, node.proc, node.nvml, nic_filter))
+    return discover(node.sources(nic_filter))
 
 
 def messages(result, device):
@@ -220,3 +220,44 @@ def test_nic_filters(tmp_path):
 def test_bad_nic_selector(bad):
     with pytest.raises(ValueError, match="NIC selector"):
         NicSelector.parse(bad)
+
+
+def test_unreadable_routes_fail_closed(tmp_path):
+    """Without a routing table any NIC might carry the default route: none is published
+    (one error event, a metric) unless the operator allows it."""
+    from prometheus_client import generate_latest
+
+    from driver.devices.discovery import log_result
+    from driver.metrics import Metrics
+
+    node, before = discover_profile("mixed", tmp_path / "m")
+    assert any(d.kind is DeviceKind.NIC for d in before.inventory.devices)
+    for table in (node.proc / "1" / "net" / "route", node.proc / "net" / "route"):
+        table.unlink()
+    result = rediscover(node)
+    assert not any(d.kind is DeviceKind.NIC for d in result.inventory.devices)
+    assert result.nics_withheld_routing_unknown == 8
+    assert all("routing table cannot be read" in reason for _, reason in result.excluded)
+    assert any(d.kind is DeviceKind.GPU for d in result.inventory.devices), "other kinds unaffected"
+
+    events = []
+
+    class Log:
+        def __getattr__(self, level):
+            return lambda event, **fields: events.append((level, event, fields))
+
+    log_result(result, Log())
+    withheld = [e for e in events if e[1] == "nics_withheld"]
+    assert len(withheld) == 1 and withheld[0][0] == "error" and withheld[0][2]["count"] == 8
+    assert not [e for e in events if e[1] == "nic_excluded"], "said once, not per NIC"
+    events.clear()
+    log_result(result, Log(), previous=result)
+    assert not [e for e in events if e[1] == "nics_withheld"], "not repeated every rediscovery"
+
+    metrics = Metrics("accel.dra.io")
+    metrics.watch_state(lambda: 0, lambda: {}, lambda: {}, lambda: result.nics_withheld_routing_unknown)
+    assert b"dra_driver_nics_withheld_routing_unknown 8.0" in generate_latest(metrics.registry)
+
+    allowed = rediscover(node, NicFilter(exclude_default_route=False))
+    nics = {d.net_interface for d in allowed.inventory.devices if d.kind is DeviceKind.NIC}
+    assert len(nics) == 8 and "eno1" in nics, "all of them, the management NIC too"

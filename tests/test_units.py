@@ -171,8 +171,7 @@ def test_slices_group_by_kind_and_respect_taint_limit():
     beta = slices.build(inventory, pool, 1, api_version="v1beta1")
     assert beta[0]["spec"]["devices"][0] == {"name": "gpu-0", "basic": {
         "attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "1Gi"}}}}
-    empty = slices.build(Inventory(), pool, 1)
-    assert len(empty) == 1 and empty[0]["spec"]["devices"] == []
+    assert slices.build(Inventory(), pool, 1) == [], "a node with nothing to publish has no slice"
 
 
 def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
@@ -314,3 +313,26 @@ def test_health_stream_resends_inside_the_kubelets_window():
     messages = asyncio.run(first_three())
     assert [m.devices[0].device.device_name for m in messages] == ["gpu-0"] * 3
     assert messages[0].devices[0].health_check_timeout_seconds == stream.TIMEOUT_SECONDS
+
+
+def test_logs_are_console_lines_on_a_terminal_and_json_otherwise():
+    import io
+    import json
+
+    import structlog
+
+    from driver import logs
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, is_json in ((Terminal(), False), (io.StringIO(), True)):
+        logs.configure("auto", "info", stream=stream)
+        structlog.get_logger(component="t").info("hello", device="gpu-0")
+        line = stream.getvalue().strip()
+        if is_json:
+            assert json.loads(line)["event"] == "hello"
+        else:
+            assert "hello" in line and "device" in line and not line.startswith("{")
+    logs.configure("json", "info")

@@ -45,10 +45,6 @@ class Stopped(Exception):
     """SIGTERM: unwind through the same cleanup as Ctrl-C."""
 
 
-def podman_ready() -> str | None:
-    return podman.ready()
-
-
 def _die_with_parent() -> None:
     _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphaned driver if we are killed
 

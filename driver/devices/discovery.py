@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from driver.devices import pci
+from driver.devices import net, pci
 from driver.devices.fpga import AlveoDiscovery, DflDiscovery
 from driver.devices.model import Device, Inventory
 from driver.devices.net import NicDiscovery, NicFilter
 from driver.devices.nvml import NvmlDiscovery
+from driver.devices.pciids import PciIds
 from driver.devices.problems import Problems
 
 
@@ -24,6 +25,7 @@ class Sources:
     proc: Path
     nvml: Any | None  # the pynvml module or the mock's fake; None: no NVML binding
     nic_filter: NicFilter = NicFilter()
+    pci_ids: PciIds = field(default_factory=PciIds)  # product names for NICs and FPGAs
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,13 @@ class DiscoveryResult:
     excluded: tuple[tuple[str, str], ...]
     nvml_unavailable: str | None  # None: NVML answered (possibly with zero GPUs)
     nvidia_driver_version: str | None = None  # raw, for locating the driver's files
+    # NICs withheld because the routing table could not be read (fail closed: one of them
+    # might carry the default route).
+    nics_withheld_routing_unknown: int = 0
+    nvidia_gpus_on_pci: int = 0  # NVIDIA display/3D functions in sysfs, whatever NVML says
+
+
+NVIDIA_VENDOR = 0x10DE
 
 
 def discover(sources: Sources) -> DiscoveryResult:
@@ -53,12 +62,14 @@ def discover(sources: Sources) -> DiscoveryResult:
         # Only fatal for a device we would have published; NIC and DFL discovery report
         # their own devices by name.
         problems.note(bdf, error)
-    devices += AlveoDiscovery(sources.sysfs).discover(list(functions.values()), problems)
-    devices += DflDiscovery(sources.sysfs).discover(problems)
-    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions)
+    devices += AlveoDiscovery(sources.sysfs, sources.pci_ids).discover(list(functions.values()), problems)
+    devices += DflDiscovery(sources.sysfs, sources.pci_ids).discover(problems)
+    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions, sources.pci_ids)
     devices += nics.discover(problems)
     return DiscoveryResult(
-        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable, driver_version
+        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable, driver_version,
+        nics.withheld_routing_unknown,
+        sum(1 for f in functions.values() if f.vendor == NVIDIA_VENDOR and f.class_code >> 16 == 0x03),
     )
 
 
@@ -71,13 +82,25 @@ def log_result(
     rediscovery does not repeat the same warning every minute."""
     seen = set(previous.problems) if previous else set()
     if result.nvml_unavailable and not (previous and previous.nvml_unavailable):
-        log.info("nvml_unavailable", reason=result.nvml_unavailable)
+        if result.nvidia_gpus_on_pci:
+            # GPUs on the bus but no NVML: a broken driver installation, worth a warning.
+            log.warning("nvml_unavailable", reason=result.nvml_unavailable,
+                        unpublished_gpus=result.nvidia_gpus_on_pci)
+        else:  # a node without NVIDIA GPUs: nothing is wrong
+            log.debug("nvml_unavailable", reason=result.nvml_unavailable)
     for problem in result.problems:
         if problem in seen:
             continue
         event = "device_skipped" if problem.skipped else "device_degraded"
         log.warning(event, device=problem.device, reason=problem.message)
+    withheld = result.nics_withheld_routing_unknown
+    if withheld and not (previous and previous.nics_withheld_routing_unknown):
+        log.error("nics_withheld", count=withheld,
+                  reason=f"{net.ROUTING_UNKNOWN} (<proc-root>/1/net/route); no NIC is published until it "
+                         "can be read, unless --nic-allow-default-route is set")
     for ifname, reason in result.excluded:
+        if withheld and reason.startswith(net.ROUTING_UNKNOWN):
+            continue  # said once above
         if not (previous and (ifname, reason) in previous.excluded):
             log.info("nic_excluded", interface=ifname, reason=reason)
     counts: dict[str, int] = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from driver import names
 from driver.devices import pci
 from driver.devices.model import AttributeSet, Device, DeviceKind
+from driver.devices.pciids import PciIds
 from driver.devices.problems import DeviceError, Problems
 
 XILINX = 0x10EE
@@ -37,8 +38,9 @@ def _finish(attrs: AttributeSet, problems: Problems) -> None:
 
 
 class AlveoDiscovery:
-    def __init__(self, sysfs: Path) -> None:
+    def __init__(self, sysfs: Path, pci_ids: PciIds | None = None) -> None:
         self.sysfs = sysfs
+        self.pci_ids = pci_ids or PciIds(())
 
     def discover(self, functions: list[pci.PciFunction], problems: Problems) -> list[Device]:
         # A card shows up as two PCI functions of one slot: management (xclmgmt) and user
@@ -85,6 +87,7 @@ class AlveoDiscovery:
         attrs.set("family", "alveo")
         attrs.set("pciVendorID", pci.hex_id(user.vendor))
         attrs.set("pciDeviceID", pci.hex_id(user.device))
+        attrs.set("productName", self.pci_ids.product(user.vendor, user.device))
         if shell:
             attrs.set("shell", shell)
             # VBNV is <vendor>_<board>_<shell...>: the board is its second field.
@@ -112,8 +115,9 @@ class AlveoDiscovery:
 class DflDiscovery:
     """Intel FPGAs under the Device Feature List framework."""
 
-    def __init__(self, sysfs: Path) -> None:
+    def __init__(self, sysfs: Path, pci_ids: PciIds | None = None) -> None:
         self.sysfs = sysfs
+        self.pci_ids = pci_ids or PciIds(())
 
     def discover(self, problems: Problems) -> list[Device]:
         regions_dir = self.sysfs / "class" / "fpga_region"
@@ -159,6 +163,7 @@ class DflDiscovery:
             attrs.set("family", "dfl")
             attrs.set("pciVendorID", pci.hex_id(function.vendor))
             attrs.set("pciDeviceID", pci.hex_id(function.device))
+            attrs.set("productName", self.pci_ids.product(function.vendor, function.device))
             attrs.set("interfaceID", compat)
             attrs.set("afuID", _first_line(port / "afu_id"))
             attrs.set("bitstreamID", bitstream)
@@ -175,7 +180,7 @@ class DflDiscovery:
                     device_nodes=(f"/dev/{port.name}",),
                     management_nodes=(f"/dev/{fme.name}",) if fme else (),
                     pci=function.location,
-                    model=f"Intel DFL {pci.hex_id(function.device)}",
+                    model=self.pci_ids.product(function.vendor, function.device),
                 )
             )
         return devices

@@ -17,6 +17,7 @@ from pathlib import Path
 from driver import names
 from driver.devices import pci
 from driver.devices.model import AttributeSet, Device, DeviceKind
+from driver.devices.pciids import PciIds
 from driver.devices.problems import DeviceError, Problems
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
@@ -60,6 +61,9 @@ class NicSelector:
         return self.pattern if self.field == "name" else f"{self.field}={self.pattern}"
 
 
+ROUTING_UNKNOWN = "the node's routing table cannot be read"
+
+
 @dataclass(frozen=True)
 class NicFilter:
     include: tuple[NicSelector, ...] = ()  # empty: every physical NIC
@@ -76,8 +80,8 @@ class NicFilter:
             return "not matched by any NIC include filter"
         if self.exclude_default_route and default_route is None:
             # Fail closed: giving away the management NIC cuts the node off.
-            return ("the node's routing table cannot be read, so this NIC might carry the "
-                    "default route (set --nic-allow-default-route to publish anyway)")
+            return (f"{ROUTING_UNKNOWN}, so this NIC might carry the default route (set "
+                    "--nic-allow-default-route to publish anyway)")
         if self.exclude_default_route and ifname in default_route:
             return "carries the node's default route (management NIC)"
         return None
@@ -113,12 +117,15 @@ def default_route_interfaces(proc: Path) -> set[str] | None:
 
 class NicDiscovery:
     def __init__(self, sysfs: Path, proc: Path, nic_filter: NicFilter,
-                 functions: dict[str, pci.PciFunction] | None = None) -> None:
+                 functions: dict[str, pci.PciFunction] | None = None,
+                 pci_ids: PciIds | None = None) -> None:
         self.sysfs = sysfs
+        self.pci_ids = pci_ids or PciIds(())
         self.proc = proc
         self.filter = nic_filter
         self.functions = functions or {}  # already read by the caller
         self.excluded: list[tuple[str, str]] = []  # (interface, reason), for the caller's log
+        self.withheld_routing_unknown = 0  # NICs not published because routes are unreadable
         self._vf_indices: dict[Path, dict[Path, int]] = {}  # PF path -> {VF path: index}
 
     def discover(self, problems: Problems) -> list[Device]:
@@ -159,6 +166,8 @@ class NicDiscovery:
                 reason = self.filter.reason_to_skip(ifname, function, default_route)
                 if reason:
                     self.excluded.append((ifname, reason))
+                    if default_route is None and reason.startswith(ROUTING_UNKNOWN):
+                        self.withheld_routing_unknown += 1
                     continue
                 name = names.label_from_pci("nic", bdf)
                 if len(ports) > 1:
@@ -210,9 +219,12 @@ class NicDiscovery:
         speed = pci.read_int(net / "speed")
         # -1 or EINVAL: the link is down or the driver does not say; no value beats a lie.
         attrs.set("speedMbps", speed if speed is not None and speed > 0 else None)
-        attrs.set("netDriver", function.driver)
+        # The network driver of the interface: for virtio that is virtio_net on the virtio
+        # device, not virtio-pci, the transport bound to the PCI function.
+        attrs.set("netDriver", pci.link_name(net / "device" / "driver") or function.driver)
         attrs.set("pciVendorID", pci.hex_id(function.vendor))
         attrs.set("pciDeviceID", pci.hex_id(function.device))
+        attrs.set("productName", self.pci_ids.product(function.vendor, function.device))
 
         total_vfs = pci.read_int(function.path / "sriov_totalvfs")
         physfn = function.path / "physfn"
@@ -249,7 +261,7 @@ class NicDiscovery:
             device_nodes=tuple(nodes),
             net_interface=ifname,
             pci=function.location,
-            model=f"{function.driver or 'nic'} {pci.hex_id(function.vendor)}:{pci.hex_id(function.device)}",
+            model=attrs.values.get("productName") or pci.hex_id(function.device),
         )
 
     def _vf_index(self, pf_path: Path, vf_path: Path) -> int | None:

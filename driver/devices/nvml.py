@@ -144,6 +144,7 @@ class NvmlDiscovery:
         attrs.set("index", index)
         attrs.set("minor", minor)
         if function is not None:
+            attrs.set("pciVendorID", pci.hex_id(function.vendor))
             attrs.set("pciDeviceID", pci.hex_id(function.device))
         attrs.pci(location)
 
@@ -228,7 +229,8 @@ class NvmlDiscovery:
         attrs.set("parentUUID", parent_uuid)
         attrs.set("profile", profile)
         for key in ("productName", "brand", "architecture", "cudaComputeCapability",
-                    "driverVersion", "cudaDriverVersion", "index", "minor", "pciDeviceID"):
+                    "driverVersion", "cudaDriverVersion", "index", "minor", "pciVendorID",
+                    "pciDeviceID"):
             if key in parent_attrs:
                 attrs.set("parentIndex" if key == "index" else
                           "parentMinor" if key == "minor" else key, parent_attrs[key])

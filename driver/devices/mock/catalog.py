@@ -41,6 +41,11 @@ class NicModel:
     speed_mbps: int
     rdma_prefix: str | None  # ib device name prefix ("mlx5_"), None: no RDMA
     total_vfs: int = 0
+    pci_name: str = ""  # as pci.ids lists the PF (and the VF) device
+    vf_name: str = ""
+    # The interface's own driver when a bus sits between it and the PCI function (virtio:
+    # the PCI function has virtio-pci, the virtio device under it has virtio_net).
+    net_driver: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class AlveoModel:
     vbnv: str
     part: str
     interface_uuid: str
+    pci_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class DflModel:
     pci_device: int
     compat_id: str
     bitstream_id: str
+    pci_name: str = ""
 
 
 GPUS: dict[str, GpuModel] = {
@@ -84,25 +91,79 @@ GPUS: dict[str, GpuModel] = {
 }
 
 NICS: dict[str, NicModel] = {
-    "connectx-7": NicModel(0x15B3, 0x1021, 0x101E, "mlx5_core", 400000, "mlx5_", 16),
-    "connectx-6dx": NicModel(0x15B3, 0x101D, 0x101E, "mlx5_core", 100000, "mlx5_", 127),
-    "e810": NicModel(0x8086, 0x1592, 0x1889, "ice", 100000, "irdma", 128),
-    "i350": NicModel(0x8086, 0x1521, 0x1520, "igb", 1000, None, 7),
+    "connectx-7": NicModel(0x15B3, 0x1021, 0x101E, "mlx5_core", 400000, "mlx5_", 16,
+                           "MT2910 Family [ConnectX-7]", "ConnectX Family mlx5Gen Virtual Function"),
+    "connectx-6dx": NicModel(0x15B3, 0x101D, 0x101E, "mlx5_core", 100000, "mlx5_", 127,
+                             "MT2892 Family [ConnectX-6 Dx]", "ConnectX Family mlx5Gen Virtual Function"),
+    "e810": NicModel(0x8086, 0x1592, 0x1889, "ice", 100000, "irdma", 128,
+                     "Ethernet Controller E810-C for QSFP", "Ethernet Adaptive Virtual Function"),
+    "i350": NicModel(0x8086, 0x1521, 0x1520, "igb", 1000, None, 7,
+                     "I350 Gigabit Network Connection", "I350 Ethernet Controller Virtual Function"),
+    "virtio-net": NicModel(0x1AF4, 0x1041, None, "virtio-pci", 0, None, 0,
+                           "Virtio 1.0 network device", net_driver="virtio_net"),
 }
+
+VENDORS = {0x10DE: "NVIDIA Corporation", 0x10EE: "Xilinx Corporation", 0x8086: "Intel Corporation",
+           0x15B3: "Mellanox Technologies", 0x1AF4: "Red Hat, Inc."}
 
 ALVEO: dict[str, AlveoModel] = {
     "u250": AlveoModel(
         0x5004, 0x5005, "xilinx_u250_gen3x16_xdma_shell_4_1", "xcu250-figd2104-2L-e",
-        "1a2b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7c8d",
+        "1a2b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7c8d", "Alveo U250",
     ),
     "u55c": AlveoModel(
         0x505C, 0x505D, "xilinx_u55c_gen3x16_xdma_base_3", "xcu55c-fsvh2892-2L-e",
-        "97088961-feae-da91-52a2-1d9dfd63ccef",
+        "97088961-feae-da91-52a2-1d9dfd63ccef", "Alveo U55C",
     ),
 }
 
 DFL: dict[str, DflModel] = {
-    "d5005": DflModel(0x0B2B, "f3c9941350f55b4a896ba05c1c5d6c42", "0x23000410010309"),
+    "d5005": DflModel(0x0B2B, "f3c9941350f55b4a896ba05c1c5d6c42", "0x23000410010309",
+                      "FPGA Programmable Acceleration Card D5005"),
     "n3000": DflModel(0x0B30, "9346116d-a52d-5ca8-b06a-a9a389ef7c8d".replace("-", ""),
-                      "0x231000200000136"),
+                      "0x231000200000136", "FPGA Programmable Acceleration Card N3000"),
 }
+
+
+def pci_ids() -> str:
+    """A pci.ids database for the mock node: the catalog's devices, in the real file's format
+    (the driver reads it with the same code as /usr/share/misc/pci.ids)."""
+    devices: dict[int, dict[int, str]] = {}
+    for gpu in GPUS.values():
+        devices.setdefault(0x10DE, {})[gpu.pci_device] = gpu.product
+    for nic in NICS.values():
+        devices.setdefault(nic.vendor, {})[nic.pci_device] = nic.pci_name
+        if nic.vf_device and nic.vf_name:
+            devices[nic.vendor][nic.vf_device] = nic.vf_name
+    for alveo in ALVEO.values():
+        devices.setdefault(0x10EE, {})[alveo.mgmt_device] = f"{alveo.pci_name} (management)"
+        devices[0x10EE][alveo.user_device] = alveo.pci_name
+    for dfl in DFL.values():
+        devices.setdefault(0x8086, {})[dfl.pci_device] = dfl.pci_name
+    lines = ["# pci.ids of the mock node (driver/devices/mock/catalog.py)", "#"]
+    for vendor in sorted(devices):
+        lines.append(f"{vendor:04x}  {VENDORS[vendor]}")
+        lines += [f"\t{device:04x}  {name}" for device, name in sorted(devices[vendor].items())]
+    lines += ["C 02  Network controller", "\t00  Ethernet controller"]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """The models a profile may name, as documented in docs/mock-profiles.md (a test keeps
+    the two equal)."""
+    rows = ["| type | model | what it is |", "|---|---|---|"]
+    for name, gpu in GPUS.items():
+        mig = f"; MIG: {', '.join(gpu.mig)}" if gpu.mig else ""
+        rows.append(f"| `gpu` | `{name}` | {gpu.product}, {gpu.memory_mib} MiB{mig} |")
+    for name, nic in NICS.items():
+        extra = [f"{nic.speed_mbps // 1000} Gb/s", f"driver {nic.driver}"]
+        if nic.total_vfs:
+            extra.append(f"up to {nic.total_vfs} VFs")
+        if nic.rdma_prefix:
+            extra.append("RDMA")
+        rows.append(f"| `nic` | `{name}` | PCI {nic.vendor:04x}:{nic.pci_device:04x}, {', '.join(extra)} |")
+    for name, alveo in ALVEO.items():
+        rows.append(f"| `alveo` | `{name}` | {alveo.vbnv} (interface {alveo.interface_uuid}) |")
+    for name, dfl in DFL.items():
+        rows.append(f"| `dfl` | `{name}` | Intel FPGA, PCI 8086:{dfl.pci_device:04x}, compat_id {dfl.compat_id} |")
+    return "\n".join(rows) + "\n"

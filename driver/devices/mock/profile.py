@@ -129,13 +129,31 @@ class _Parser:
             raise self.fail(where, f"unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         return value
 
+    def boolean(self, value: Any, where: str) -> bool:
+        # YAML's own booleans only: `"false"` (a string) would be truthy in Python.
+        if not isinstance(value, bool):
+            raise self.fail(where, f"must be true or false (a YAML boolean), got {value!r}")
+        return value
+
+    def string(self, value: Any, where: str) -> str:
+        # `driverVersion: 550.54` is a float to YAML: quote it.
+        if not isinstance(value, str):
+            raise self.fail(where, f"must be a string (quote it), got {value!r}")
+        return value
+
+    def hex_id(self, value: Any, where: str, digits: int) -> str:
+        text = self.string(value, where)
+        if len(text) != digits or any(c not in "0123456789abcdefABCDEF" for c in text):
+            raise self.fail(where, f"must be {digits} hexadecimal digits, got {value!r}")
+        return text.lower()
+
     def integer(self, value: Any, where: str, low: int, high: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise self.fail(where, f"must be an integer in [{low}, {high}], got {value!r}")
         return value
 
     def model(self, value: Any, where: str, table: dict) -> str:
-        if value not in table:
+        if not isinstance(value, str) or value not in table:
             raise self.fail(where, f"unknown model {value!r}; known: {', '.join(sorted(table))}")
         return value
 
@@ -145,7 +163,7 @@ class _Parser:
         driver_version, cuda = None, 0
         if nvidia is not None:
             nvidia = self.mapping(nvidia, "nvidia", {"driverVersion", "cudaDriverVersion"})
-            driver_version = str(nvidia.get("driverVersion", "550.54.15"))
+            driver_version = self.string(nvidia.get("driverVersion", "550.54.15"), "nvidia.driverVersion")
             cuda = self.integer(nvidia.get("cudaDriverVersion", 12040), "nvidia.cudaDriverVersion", 1000, 99999)
         mgmt = None
         if data.get("managementNic") is not None:
@@ -172,13 +190,35 @@ class _Parser:
             raise self.fail("roots", "too many PCIe roots")
         if any(isinstance(c, GpuSpec) for r in roots for c in r.devices) and driver_version is None:
             raise self.fail("nvidia", "GPUs need an `nvidia` section (driver versions)")
+        self.unique_interface_names(mgmt, roots_data, roots)
         name = Path(self.source).name.removesuffix(".yaml")
-        return Profile(name, str(data.get("description", "")), driver_version, cuda, mgmt, tuple(roots))
+        description = self.string(data.get("description", ""), "description")
+        return Profile(name, description, driver_version, cuda, mgmt, tuple(roots))
+
+    def unique_interface_names(self, mgmt: "NicSpec | None", roots_data: list, roots: list) -> None:
+        """Two NICs with one ifName would be one /sys/class/net entry on a real node."""
+        seen: dict[str, str] = {}
+        if mgmt is not None and mgmt.ifname:
+            seen[mgmt.ifname] = "managementNic.ifName"
+        index = 0
+        for i, root in enumerate(roots_data):
+            for _ in range(root.get("repeat", 1)):
+                for j, card in enumerate(roots[index].devices):
+                    if isinstance(card, NicSpec) and card.ifname:
+                        where = f"roots[{i}].devices[{j}].ifName"
+                        if card.ifname in seen:
+                            again = " (the root repeats)" if seen[card.ifname] == where else ""
+                            raise self.fail(where, f"interface name {card.ifname!r} is already used by "
+                                                   f"{seen[card.ifname]}{again}")
+                        seen[card.ifname] = where
+                index += 1
 
     def card(self, data: Any, where: str) -> CardSpec:
         if not isinstance(data, dict) or "type" not in data:
             raise self.fail(where, "must be a mapping with a `type` (gpu, nic, alveo, dfl)")
         kind = data["type"]
+        if not isinstance(kind, str):
+            raise self.fail(f"{where}.type", f"must be gpu, nic, alveo or dfl, got {kind!r}")
         rest = {k: v for k, v in data.items() if k != "type"}
         if kind == "gpu":
             rest = self.mapping(rest, where, {"model", "mig", "lost"})
@@ -192,7 +232,7 @@ class _Parser:
             slices = sum(catalog.GPUS[model].mig[p].slices for p in mig)
             if slices > 7:
                 raise self.fail(f"{where}.mig", f"MIG profiles use {slices} of 7 slices")
-            return GpuSpec(model, tuple(mig), bool(rest.get("lost", False)))
+            return GpuSpec(model, tuple(mig), self.boolean(rest.get("lost", False), f"{where}.lost"))
         if kind == "nic":
             return self.nic(rest, where)
         if kind == "alveo":
@@ -202,7 +242,7 @@ class _Parser:
             rest = self.mapping(rest, where, {"model", "ports", "afuId"})
             model = self.model(rest.get("model"), f"{where}.model", catalog.DFL)
             ports = self.integer(rest.get("ports", 1), f"{where}.ports", 1, 4)
-            afu = str(rest.get("afuId", DflSpec.afu_id))
+            afu = self.hex_id(rest.get("afuId", DflSpec.afu_id), f"{where}.afuId", 32)
             return DflSpec(model, ports, afu)
         raise self.fail(f"{where}.type", f"unknown card type {kind!r} (gpu, nic, alveo, dfl)")
 
@@ -211,7 +251,7 @@ class _Parser:
         model = self.model(data.get("model"), f"{where}.model", catalog.NICS)
         spec = catalog.NICS[model]
         vfs = self.integer(data.get("vfs", 0), f"{where}.vfs", 0, max(spec.total_vfs, 0))
-        rdma = bool(data.get("rdma", False))
+        rdma = self.boolean(data.get("rdma", False), f"{where}.rdma")
         if rdma and spec.rdma_prefix is None:
             raise self.fail(f"{where}.rdma", f"{model} has no RDMA")
         link = data.get("link", "up")
@@ -219,6 +259,7 @@ class _Parser:
             raise self.fail(f"{where}.link", "must be up or down")
         mtu = self.integer(data.get("mtu", 1500), f"{where}.mtu", 68, 65535)
         ifname = data.get("ifName")
-        if ifname is not None and (not isinstance(ifname, str) or not 0 < len(ifname) < 16):
+        if ifname is not None and (not isinstance(ifname, str) or not 0 < len(ifname) < 16
+                                   or "/" in ifname or ifname.strip() != ifname):
             raise self.fail(f"{where}.ifName", "must be an interface name of 1-15 characters")
         return NicSpec(model, vfs, rdma, link, mtu, ifname)

@@ -18,7 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from driver.devices.discovery import Sources
 from driver.devices.mock import catalog
+from driver.devices.net import NicFilter
+from driver.devices.pciids import PciIds
 from driver.devices.mock.fakenvml import FakeGpu, FakeMig, FakeNvml
 from driver.devices.mock.profile import AlveoSpec, DflSpec, GpuSpec, NicSpec, Profile
 
@@ -37,6 +40,15 @@ class MockNode:
     nvml: FakeNvml
     driver_root: Path
     interfaces: list[str] = field(default_factory=list)
+    pci_ids: Path | None = None
+
+    def sources(self, nic_filter: NicFilter = NicFilter()) -> Sources:
+        """Where discovery reads this mock node, as `dra-driver run --mock` does."""
+        return Sources(self.sysfs, self.proc, self.nvml, nic_filter, self.pci_db)
+
+    @property
+    def pci_db(self) -> PciIds:
+        return PciIds((self.pci_ids,) if self.pci_ids else ())
 
 
 def build(profile: Profile, root: Path) -> MockNode:
@@ -50,10 +62,12 @@ def build(profile: Profile, root: Path) -> MockNode:
     writer = _Writer(root)
     writer.write_profile(profile, boot_id)
     (root / STAMP).write_text(_fingerprint(profile))
+    writer.file(root / PCI_IDS, catalog.pci_ids())
     return _node(root, writer, profile)
 
 
 STAMP = ".profile"
+PCI_IDS = Path("usr/share/hwdata/pci.ids")  # below the mock root, as Debian's hwdata has it
 
 
 def _fingerprint(profile: Profile) -> str:
@@ -63,7 +77,7 @@ def _fingerprint(profile: Profile) -> str:
 def _node(root: Path, writer: "_Writer", profile: Profile) -> MockNode:
     nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
     return MockNode(root, root / "sys", root / "dev", root / "proc", nvml, root / "driver-root",
-                    writer.interfaces)
+                    writer.interfaces, root / PCI_IDS)
 
 
 def attach(profile: Profile, root: Path) -> MockNode | None:
@@ -247,7 +261,15 @@ class _Writer:
             mgmt: bool = False) -> None:
         model = catalog.NICS[card.model]
         pf = self.pci_function(port, bdf, model.vendor, model.pci_device, 0x020000, model.driver, numa)
-        self.netdev(pf, ifname, card, model.speed_mbps, bdf)
+        if model.net_driver:  # virtio: PCI function -> virtio0 (its own driver) -> net/<if>
+            bus_device = pf / "virtio0"
+            drv = self.sys / "bus" / "virtio" / "drivers" / model.net_driver
+            drv.mkdir(parents=True, exist_ok=True)
+            bus_device.mkdir(parents=True, exist_ok=True)
+            self.link(bus_device / "driver", drv)
+            self.netdev(bus_device, ifname, card, model.speed_mbps, bdf)
+        else:
+            self.netdev(pf, ifname, card, model.speed_mbps, bdf)
         if model.total_vfs and not mgmt:
             self.file(pf / "sriov_totalvfs", str(model.total_vfs))
             self.file(pf / "sriov_numvfs", str(card.vfs))

@@ -1,0 +1,83 @@
+"""Checks of the directories a command is about to use, before it starts.
+
+Each problem becomes one ConfigError that names the option and says what is wrong (a
+file where a directory belongs, a read-only mount, a path under /proc), instead of a
+traceback from deep inside start-up. Missing directories are created, as the kubelet's
+own directories are on a fresh node.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+from driver.config import ConfigError, Config
+
+VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def writable_directory(path: Path, option: str) -> None:
+    resolved = path.resolve()
+    for virtual in VIRTUAL:
+        if resolved == virtual or resolved.is_relative_to(virtual):
+            raise ConfigError(f"{option} {path}: is under {virtual}, a kernel file system, "
+                              "not a place for the driver's files")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {path}: cannot be created: {err.strerror}") from err
+    probe = path / f".dra-driver-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        why = "is read-only" if err.errno == errno.EROFS else f"is not writable: {err.strerror}"
+        raise ConfigError(f"{option} {path}: {why}") from err
+
+
+def existing_directory(path: Path, option: str) -> None:
+    if not path.exists():
+        raise ConfigError(f"{option} {path}: does not exist")
+    if not path.is_dir():
+        raise ConfigError(f"{option} {path}: is not a directory")
+
+
+def free_port(port: int, option: str) -> None:
+    """Bind and release: a port taken by another process fails here, before start-up logs
+    anything (the plugin's own bind still reports a port lost to a race)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as err:
+            raise ConfigError(port_problem(err, port, option)) from err
+
+
+def port_problem(err: OSError, port: int, option: str) -> str:
+    why = "is already in use" if err.errno == errno.EADDRINUSE else f"cannot be opened ({err.strerror})"
+    return (f"{option} {port}: the port {why}; another process in this network namespace holds "
+            "it (pick another port, or 0 to disable)")
+
+
+def for_run(config: Config) -> None:
+    """`dra-driver run` writes into these; mock mode generates its own device trees."""
+    writable_directory(config.kubelet_registrar_dir, "--kubelet-registrar-dir")
+    writable_directory(config.kubelet_plugins_dir, "--kubelet-plugins-dir")
+    writable_directory(config.state_dir, "--state-dir")
+    writable_directory(config.cdi_root, "--cdi-root")
+    free_port(config.metrics_port, "--metrics-port")
+    free_port(config.healthz_port, "--healthz-port")
+    for_discover(config)
+
+
+def for_discover(config: Config) -> None:
+    if config.mock is not None:
+        return
+    existing_directory(config.sysfs_root, "--sysfs-root")
+    existing_directory(config.proc_root, "--proc-root")
