@@ -254,7 +254,7 @@ def main() -> int:
 
     # -- where a large node's publish time goes (in-process) ------------------------------------
     from driver.devices import mock
-    from driver.devices.discovery import Sources, discover
+    from driver.devices.discovery import discover
     from driver.publisher import Publisher
 
     t = time.perf_counter()

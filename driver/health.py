@@ -8,6 +8,7 @@ the condition does. Sources run in threads; consumers are told through callbacks
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -168,10 +169,15 @@ class XidWatcher:
             return
         try:
             event_set = nv.nvmlEventSetCreate()
+            # Handle address -> PCI bus id. An event names its device by the same handle
+            # address, in a fresh pointer object (identity never matches); and a GPU that
+            # fell off the bus right after its XID can no longer be asked for its PCI info.
+            bus_ids: dict[int, str] = {}
             for index in range(nv.nvmlDeviceGetCount()):
                 try:
                     handle = nv.nvmlDeviceGetHandleByIndex(index)
                     nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                    bus_ids[_address(handle)] = _bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
                 except nv.NVMLError as err:
                     self.log.warning("xid_register_failed", gpu_index=index, error=str(err))
             self.ready.set()
@@ -184,15 +190,14 @@ class XidWatcher:
                     self.log.warning("xid_wait_failed", error=str(err))
                     self._stop.wait(1)
                     continue
-                # The event's handle is a fresh ctypes pointer: it compares by identity, so
-                # it cannot be looked up in a dict of the handles we registered. Ask NVML.
-                try:
-                    raw = nv.nvmlDeviceGetPciInfo(data.device).busId
-                except nv.NVMLError as err:
-                    self.log.warning("xid_event_unattributed", xid=int(data.eventData), error=str(err))
-                    continue
-                raw = raw.decode() if isinstance(raw, bytes) else raw
-                self.handle(raw.lower()[-12:], data)
+                bus_id = bus_ids.get(_address(data.device))
+                if bus_id is None:  # not one we registered: ask NVML
+                    try:
+                        bus_id = _bus_id(nv.nvmlDeviceGetPciInfo(data.device).busId)
+                    except nv.NVMLError as err:
+                        self.log.warning("xid_event_unattributed", xid=int(data.eventData), error=str(err))
+                        continue
+                self.handle(bus_id, data)
             nv.nvmlEventSetFree(event_set)
         finally:
             self.ready.set()
@@ -218,6 +223,17 @@ class XidWatcher:
             targets = attributed or targets
         for device in targets:
             self.state.set(device.name, "gpu-xid", str(xid), f"NVML reported critical XID {xid}")
+
+
+def _address(handle: Any) -> int:
+    """The address an NVML device handle points to (ctypes pointers compare by identity)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _bus_id(raw: Any) -> str:
+    """NVML's "00000000:17:00.0" (str or bytes) -> sysfs's "0000:17:00.0"."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return text.lower()[-12:]
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from driver.devices import mock
-from driver.devices.discovery import DiscoveryResult, Sources, discover
+from driver.devices.discovery import DiscoveryResult, discover
 from driver.devices.net import NicFilter
 
 REPO = Path(__file__).resolve().parent.parent

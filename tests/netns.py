@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import fcntl
 import http.client
-import os
 import signal
 import socket
 import struct

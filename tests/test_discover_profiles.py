@@ -80,8 +80,8 @@ def test_names_are_stable_across_runs_and_enumeration_order(tmp_path):
 
     # Same hardware enumerated in another order: NVML indices and minors change, names not.
     node = mock.build(mock.load("h100x8"), tmp_path / "c")
-    random.Random(7).shuffle(node.nvml.gpus)
-    for index, gpu in enumerate(node.nvml.gpus):
+    random.Random(7).shuffle(node.library.gpus)
+    for index, gpu in enumerate(node.library.gpus):
         gpu.index = index
     reordered = discover(node.sources())
     assert [d.name for d in reordered.inventory.devices] == [d.name for d in first.inventory.devices]
@@ -131,7 +131,7 @@ def test_mig_gpus_publish_only_their_mig_devices(built):
     assert len(migs) == 10
     mig = inv.get("mig-0000-12-00-0-gi1-ci0")
     assert mig.attributes["profile"] == "3g.20gb"
-    assert mig.attributes["parentUUID"] == node.nvml.gpus[1].uuid
+    assert mig.attributes["parentUUID"] == node.library.gpus[1].uuid
     assert mig.capacity["memory"] == "19968Mi" and mig.capacity["multiprocessors"] == "42"
     # A100 driver 535.104.05 has a leading zero semver forbids: published normalized.
     assert mig.attributes["driverVersion"] == Version("535.104.5")

@@ -86,7 +86,7 @@ def test_xid_taints_one_gpu_and_recovers(running):
         "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
     assert stream.latest[GPU0][0] == hpb2.HEALTHY and taints(api) == {}
     v1_stream = HealthStream(kubelet.info.endpoint, hpb2_v1, hgrpc_v1)  # newer kubelets
-    nvml = plugin.plugin.node.mock.nvml
+    nvml = plugin.plugin.node.mock.library
     nvml.inject_xid(0, 79)
     assert api.wait_for(lambda: GPU0 in taints(api))
     (taint,) = taints(api)[GPU0]
@@ -103,7 +103,7 @@ def test_xid_taints_one_gpu_and_recovers(running):
 
 def test_ignored_xid_changes_nothing(running):
     api, plugin, kubelet, stream = running
-    nvml = plugin.plugin.node.mock.nvml
+    nvml = plugin.plugin.node.mock.library
     before = api.slices()
     api.reset_writes()
     nvml.inject_xid(1, 13)  # graphics engine exception: the application's fault
@@ -129,7 +129,7 @@ def test_link_down_and_up(running):
 @pytest.mark.parametrize("running", [("a100-mig",)], indirect=True)
 def test_mig_attributed_xid_taints_only_that_mig(running):
     api, plugin, kubelet, stream = running
-    plugin.plugin.node.mock.nvml.inject_xid(0, 94, gpu_instance=3, compute_instance=0)
+    plugin.plugin.node.mock.library.inject_xid(0, 94, gpu_instance=3, compute_instance=0)
     assert api.wait_for(lambda: bool(taints(api)))
     time.sleep(0.5)
     assert set(taints(api)) == {"mig-0000-11-00-0-gi3-ci0"}
@@ -214,7 +214,7 @@ def test_probes_before_and_after_registration_and_with_a_blocked_loop():
 def test_lost_gpu_is_tainted_and_triggers_rediscovery(running):
     api, plugin, kubelet, stream = running
     runs = plugin.plugin.rediscovery.runs
-    plugin.plugin.node.mock.nvml.gpus[1].lost = True
+    plugin.plugin.node.mock.library.gpus[1].lost = True
     assert api.wait_for(lambda: GPU1 in taints(api) or GPU1 not in
                         {d["name"] for s in api.slices() for d in s["spec"]["devices"]}, timeout=10)
     # Rediscovery ran at once (not after the 60 s period) and dropped the lost GPU.

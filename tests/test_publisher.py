@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from driver.devices import mock
-from driver.devices.discovery import Sources, discover
+from driver.devices.discovery import discover
 from driver.hotplug import Rediscovery
 from driver.kube import Kube, api_client
 from driver.publisher import Publisher
@@ -363,7 +363,7 @@ def test_deletes_spare_a_slice_re_created_meanwhile(api, tmp_path):
     api.delete_slice(name)
     recreated = dict(listed, metadata={"name": name})
     kube = publisher.kube
-    kube.request("POST", f"/apis/resource.k8s.io/v1/resourceslices", body=recreated)
+    kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body=recreated)
     api.reset_writes()
     assert publisher._delete(listed) == 0
     assert name in {s["metadata"]["name"] for s in api.slices()}, "the new slice stays"

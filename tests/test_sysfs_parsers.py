@@ -7,12 +7,12 @@ import os
 import shutil
 import tarfile
 
-import pynvml
 import pytest
 
 from driver.devices import mock, pci
 from driver.devices.discovery import Sources, discover
-from driver.devices.mock.fakenvml import FakeGpu, FakeNvml
+from driver.devices.mock import fakenvml
+from driver.devices.mock.fakenvml import FakeGpu
 from driver.devices.model import PCIE_ROOT, DeviceKind
 from driver.devices.net import NicFilter, NicSelector
 from tests.conftest import REPO, discover_profile
@@ -52,7 +52,8 @@ def test_nvml_gpu_on_real_snapshot(snapshot_sys, tmp_path):
     gpu = FakeGpu(index=0, minor=0, uuid="GPU-11111111-2222-3333-4444-555555555555",
                   bus_id="0000:06:00.0", product="Tesla P100-PCIE-16GB", brand=2, architecture=4,
                   compute_capability=(6, 0), memory_bytes=16 << 30, mig_capable=False)
-    result = discover(Sources(snapshot_sys, tmp_path, FakeNvml([gpu], "470.57.02", 11040)))
+    nvml, _ = fakenvml.load([gpu], "470.57.02", 11040)
+    result = discover(Sources(snapshot_sys, tmp_path, nvml))
     (device,) = result.inventory.devices
     assert device.name == "gpu-0000-06-00-0"
     assert device.attributes[PCIE_ROOT] == "pci0000:00"
@@ -124,11 +125,7 @@ roots:
 def test_not_supported_fields_become_missing_attributes(tmp_path):
     node, _ = discover_profile("l4", tmp_path / "m")
 
-    def not_supported(*_):
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-    node.nvml.nvmlDeviceGetBrand = not_supported
-    node.nvml.nvmlDeviceGetArchitecture = not_supported
+    node.library.unsupported |= {"nvmlDeviceGetBrand", "nvmlDeviceGetArchitecture"}
     result = rediscover(node)
     gpus = result.inventory.by_kind(DeviceKind.GPU)
     assert len(gpus) == 4
@@ -138,7 +135,7 @@ def test_not_supported_fields_become_missing_attributes(tmp_path):
 
 def test_no_nvml_library_means_no_gpus_not_a_crash(tmp_path):
     node, _ = discover_profile("l4", tmp_path / "m")
-    node.nvml.driver_version = None  # nvmlInit -> LibraryNotFound, as on a node without a driver
+    node.library.driver_version = None  # nvmlInit -> LibraryNotFound, as on a node without a driver
     result = rediscover(node)
     assert result.inventory.by_kind(DeviceKind.GPU) == ()
     assert result.inventory.get("nic-0000-31-00-0") is not None

@@ -30,11 +30,12 @@ CI = os.environ.get("CI") == "true"
 NETNS_SCRIPT = str(Path(netns.__file__).resolve())
 
 
-def wait(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+def wait(predicate, timeout: float = 20.0, what="condition") -> None:
+    """`what` may be a callable: evaluated on time-out (a driver log read then, not now)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 
@@ -81,7 +82,7 @@ def test_two_instances_as_the_chart_starts_them():
             return get(dirs.root / f"healthz-{uid[:8]}.sock", path)
 
         old = pod(old_uid).start()
-        wait(lambda: registered(kubelet, old_uid), what=f"old pod registered; log:\n{old.log()}")
+        wait(lambda: registered(kubelet, old_uid), what=lambda: f"old pod registered; log:\n{old.log()}")
         wait(lambda: healthz(old_uid) == 200, what="old pod ready")
         wait(lambda: len(api.slices()) == 3, what="slices published")
         old_client = kubelet.client(socket_of(kubelet, old_uid))
@@ -94,7 +95,7 @@ def test_two_instances_as_the_chart_starts_them():
         quiet.add(new_uid)
         new = pod(new_uid).start()
         wait(lambda: any(new_uid in a.socket and a.outcome == "no answer" for a in kubelet.attempts),
-             what=f"new pod offered its registration; log:\n{new.log()}")
+             what=lambda: f"new pod offered its registration; log:\n{new.log()}")
         wait(lambda: healthz(new_uid, "/livez") == 200, what="new pod live")
         assert healthz(new_uid) == 503, "not registered yet: not ready"
         assert healthz(old_uid) == 200
@@ -103,7 +104,7 @@ def test_two_instances_as_the_chart_starts_them():
 
         # It re-offers a new socket (the kubelet never retries one), which is accepted.
         quiet.clear()
-        wait(lambda: registered(kubelet, new_uid), what=f"new pod re-registered; log:\n{new.log()}")
+        wait(lambda: registered(kubelet, new_uid), what=lambda: f"new pod re-registered; log:\n{new.log()}")
         wait(lambda: healthz(new_uid) == 200, what="new pod ready")
         assert "kubelet_registration_retry" in new.log()
         new_client = kubelet.client(socket_of(kubelet, new_uid))
@@ -161,7 +162,7 @@ def test_a_rejected_registration_is_offered_again_on_a_new_socket():
     with ApiServer() as api, PluginWatcher(dirs.registry, decide=decide) as kubelet:
         api.add_node("node-a")
         driver = DriverProcess(api, dirs, extra=["--registration-timeout", "30"]).start()
-        wait(lambda: kubelet.registered, what=f"registered after two rejections; log:\n{driver.log()}")
+        wait(lambda: kubelet.registered, what=lambda: f"registered after two rejections; log:\n{driver.log()}")
         outcomes = [a.outcome for a in kubelet.attempts]
         assert outcomes == ["rejected: kubelet is not ready for DRA plugins yet"] * 2 + ["registered"]
         inodes = [a.inode for a in kubelet.attempts]
@@ -191,7 +192,7 @@ def test_a_registration_never_confirmed_is_offered_again():
     with ApiServer() as api, PluginWatcher(dirs.registry, decide=decide) as kubelet:
         api.add_node("node-a")
         driver = DriverProcess(api, dirs, extra=["--registration-timeout", "1"]).start()
-        wait(lambda: kubelet.registered, what=f"registered on the second offer; log:\n{driver.log()}")
+        wait(lambda: kubelet.registered, what=lambda: f"registered on the second offer; log:\n{driver.log()}")
         assert [a.outcome for a in kubelet.attempts] == ["no answer", "registered"]
         assert "no NotifyRegistrationStatus from the kubelet within 1s" in driver.log()
         driver.kill()
@@ -199,22 +200,22 @@ def test_a_registration_never_confirmed_is_offered_again():
 
 
 def test_a_40_character_driver_name_with_seamless_upgrades_works():
-    """Below a temp dir the kubelet's directories are longer than on a node: the full and
-    the short-hash names both exceed 107 bytes, and the last fallback serves."""
+    """Directories about as long as the kubelet's on a node: the names with the full pod UID
+    exceed 107 bytes; the short hash of the UID (the upstream helper's fallback) fits."""
     dirs = DriverDirs.make()
     driver_name = "gpu-accelerators.infrastructure.examples"
     assert len(driver_name) == 40
-    root = dirs.root / "var/lib/kubelet"
-    registry, plugins = root / "plugins_registry", root / "plugins"
+    registry, plugins = dirs.root / "plugins_registry", dirs.root / "plugins"
     uid = str(uuid.uuid4())
     with ApiServer() as api, PluginWatcher(registry) as kubelet:
         api.add_node("node-a")
         driver = DriverProcess(api, dirs, driver=driver_name, extra=[
             "--pod-uid", uid, "--kubelet-registrar-dir", str(registry),
             "--kubelet-plugins-dir", str(plugins)]).start()
-        wait(lambda: kubelet.registered, what=f"registered; log:\n{driver.log()}")
+        wait(lambda: kubelet.registered, what=lambda: f"registered; log:\n{driver.log()}")
         (name, info), = kubelet.registered.items()
-        assert uid not in name and name.endswith("-reg.sock")
+        assert uid not in name and name.startswith(f"{driver_name}-") and name.endswith("-reg.sock")
+        assert len(name) == len(driver_name) + 1 + 8 + len("-reg.sock")
         assert len(str(registry / name)) <= 107 and len(info.endpoint) <= 107
         client = kubelet.client(name)
         claim = new_claim(api, "long", [result("gpu", GPU, driver=driver_name)])

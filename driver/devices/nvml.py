@@ -1,8 +1,12 @@
 """NVIDIA GPUs and MIG devices through NVML (`nvidia-ml-py`, imported as `pynvml`).
 
-The module object is passed in: the real `pynvml` on a node, the fake from
-`driver.devices.mock` in mock mode. Both expose the same functions, constants and
-exception classes, so this file has no mock-specific branch.
+The module object is passed in: the real `pynvml` on a node; in mock mode a private copy
+of the same nvidia-ml-py bound to a fake libnvidia-ml.so.1 (driver/devices/mock/fakenvml.py).
+Every call goes through nvidia-ml-py's own wrappers either way, so this file has no
+mock-specific branch.
+
+Older drivers lack newer functions (nvidia-ml-py raises NVMLError_FunctionNotFound): what
+they would tell us is left out, said once per function, and discovery goes on.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class NvmlDiscovery:
         self.proc = proc
         self.unavailable: str | None = None  # why NVML could not be used, if it could not
         self.driver_version: str | None = None  # as NVML says it ("535.104.05"): file names use it
+        self.missing: set[str] = set()  # NVML functions this driver's library does not have
 
     def discover(self, problems: Problems) -> list[Device]:
         nv = self.nvml
@@ -81,10 +86,14 @@ class NvmlDiscovery:
                 pass
 
     def _optional(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """A property some GPUs lack (NotSupported) becomes a missing attribute."""
+        """A property some GPUs lack (NotSupported), or that the installed driver's NVML
+        does not have yet (FunctionNotFound), becomes a missing attribute."""
         try:
             return fn(*args)
         except self.nvml.NVMLError_NotSupported:
+            return None
+        except self.nvml.NVMLError_FunctionNotFound:
+            self.missing.add(fn.__name__)
             return None
 
     def _discover(self, problems: Problems) -> list[Device]:
@@ -97,6 +106,7 @@ class NvmlDiscovery:
             "cudaDriverVersion": cuda_version(cuda) if cuda else None,
         }
         devices: list[Device] = []
+        self.missing.clear()
         for index in range(nv.nvmlDeviceGetCount()):
             where = f"gpu index {index}"
             try:
@@ -108,6 +118,9 @@ class NvmlDiscovery:
                 problems.skip(where, f"NVML error: {err}")
             except (DeviceError, ValueError) as err:
                 problems.skip(where, str(err))
+        if self.missing:
+            problems.note("nvml", f"NVML of driver {self.driver_version} lacks "
+                                  f"{', '.join(sorted(self.missing))}: what they report is not published")
         return devices
 
     def _location(self, handle: Any) -> tuple[PciLocation, pci.PciFunction | None]:
@@ -180,10 +193,10 @@ class NvmlDiscovery:
         problems: Problems,
     ) -> list[Device] | None:
         nv = self.nvml
-        try:
-            current, _pending = nv.nvmlDeviceGetMigMode(parent)
-        except nv.NVMLError_NotSupported:
+        mode = self._optional(nv.nvmlDeviceGetMigMode, parent)  # older than MIG: no MIG
+        if mode is None:
             return None
+        current, _pending = mode
         if current != nv.NVML_DEVICE_MIG_ENABLE:
             return None
         devices: list[Device] = []

@@ -1,19 +1,50 @@
-"""A stand-in for the `pynvml` module, answering from a mock profile.
+"""A fake `libnvidia-ml.so.1` for mock mode: the real nvidia-ml-py runs on top of it.
 
-It implements the NVML calls that `driver.devices.nvml` makes, with NVML's own semantics
-(refcounted init, NotSupported for MIG calls on non-MIG GPUs, NotFound for empty MIG slots,
-GpuIsLost for a lost GPU). Exception classes and constants are the real ones from
-`pynvml`, so the code under test catches exactly what it catches on a node.
+The driver's NVML code receives a `pynvml` module, as on a GPU node. In mock mode that
+module is a private copy of the real nvidia-ml-py (`bindings()`: its own globals, so two
+mock nodes in one process never share state) whose `nvmlLib` is a FakeNvmlLibrary instead
+of the shared library. Every call therefore runs through nvidia-ml-py's own wrappers: the
+`_v2`/`_v3` C names they pick, their ctypes structs, str/bytes conversion, the mapping of
+return codes to exception classes, fresh pointer objects in event data. Nothing of
+nvidia-ml-py is replaced or patched.
+
+The library is a stateful model of the devices of a mock profile. Its attributes are
+`ctypes.CFUNCTYPE` callbacks named like the C functions; pointer arguments arrive as
+addresses, are cast to nvidia-ml-py's own structs and filled, and the return value is the
+NVML return code. A function the library does not export (one newer than the profile's
+driver branch, see SINCE) is an AttributeError to ctypes, which nvidia-ml-py turns into
+NVMLError_FunctionNotFound, exactly as with an older driver.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import itertools
+import sys
 import threading
+from ctypes import CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
-import pynvml
+NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
+MAX_MIG_DEVICES = 7
+_GPU_BASE, _GPU_STRIDE, _MIG_STRIDE = 0x7F5A_0000_1000, 0x1000, 0x100  # handle addresses
+_SET_BASE = 0x7F5B_0000_0000
+
+# The first driver branch that exports a function (NVML's changelogs: MIG and the
+# architecture query arrived with R450/CUDA 11.0, the v2 attributes with R470). Functions
+# not listed are older than every branch a mock profile can name.
+SINCE = {
+    "nvmlDeviceGetArchitecture": 450,
+    "nvmlDeviceGetMigMode": 450,
+    "nvmlDeviceGetMaxMigDeviceCount": 450,
+    "nvmlDeviceGetMigDeviceHandleByIndex": 450,
+    "nvmlDeviceGetGpuInstanceId": 450,
+    "nvmlDeviceGetComputeInstanceId": 450,
+    "nvmlDeviceGetAttributes_v2": 470,
+}
 
 
 @dataclass
@@ -44,224 +75,417 @@ class FakeGpu:
     mig_capable: bool
     migs: list[FakeMig] = field(default_factory=list)
     lost: bool = False
+    pci_device: int = 0x0000
+    pci_vendor: int = 0x10DE
 
 
-@dataclass(frozen=True)
-class _Handle:
-    gpu: int
-    mig: int | None = None
+class _Return(Exception):
+    """Raised inside a callback: return this NVML code to the caller."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
 
 
-class _EventHandle:
-    """Like the ctypes pointer NVML puts in an event: the same device as a handle from
-    nvmlDeviceGetHandleByIndex, but a different object that compares by identity."""
-
-    def __init__(self, gpu: int) -> None:
-        self.gpu = gpu
-        self.mig = None
-
-
-@dataclass
-class _EventSet:
-    gpus: set[int] = field(default_factory=set)
-    freed: bool = False
+def _export(*argtypes: Any, name: str | None = None):
+    """Mark a method as the C function `name` (default: the method's name without its
+    leading underscore: a public method of that name would shadow the function table)."""
+    def mark(method):
+        method.c_name = name or method.__name__.removeprefix("_")
+        method.c_argtypes = argtypes
+        return method
+    return mark
 
 
-NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
+_instances = itertools.count()
 
 
-class FakeNvml:
-    def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int) -> None:
+def bindings() -> ModuleType:
+    """A private instance of the real nvidia-ml-py module (pynvml), not yet bound.
+
+    nvidia-ml-py keeps its library handle, function-pointer cache and refcount in module
+    globals; a module of its own per mock node keeps nodes apart. At import it looks itself
+    up in sys.modules (to attach its exception classes), so it is registered there under a
+    private name while it runs."""
+    found = importlib.util.find_spec("pynvml")
+    if found is None or found.origin is None:
+        raise ImportError("nvidia-ml-py (module pynvml) is not installed")
+    name = f"_dra_mock_pynvml_{next(_instances)}"
+    spec = importlib.util.spec_from_file_location(name, found.origin)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+class FakeNvmlLibrary:
+    """What nvidia-ml-py finds where it expects `libnvidia-ml.so.1`."""
+
+    def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int,
+                 nv: ModuleType) -> None:
         self.gpus = gpus
-        self.driver_version = driver_version
+        self.driver_version = driver_version  # None: no driver installed (init fails)
         self.cuda = cuda
-        self._lock = threading.Lock()
+        self.nv = nv
+        self.unsupported: set[str] = set()  # C functions that answer NOT_SUPPORTED (tests)
+        self.lookups: list[str] = []  # function-table lookups, in order
+        self.calls: dict[str, int] = {}
+        self.errors: list[str] = []  # bugs inside the fake: never silently "success"
         self._refs = 0
-        self._events: list[SimpleNamespace] = []
-        self._event_ready = threading.Condition()
+        self._lock = threading.RLock()
+        self._events: list[tuple[int, int, int, int]] = []  # (gpu, xid, gi, ci)
+        self._event_ready = threading.Condition(self._lock)
+        self._sets: dict[int, set[int]] = {}
+        self._next_set = 0
+        self._keep: list[Any] = []  # buffers handed out (nvmlErrorString)
+        branch = _branch(driver_version)
+        table: dict[str, Any] = {}
+        for attribute in dir(type(self)):
+            method = getattr(type(self), attribute)
+            c_name = getattr(method, "c_name", None)
+            if c_name is None or (branch is not None and branch < SINCE.get(c_name, 0)):
+                continue
+            restype = c_void_p if c_name == "nvmlErrorString" else c_int
+            prototype = CFUNCTYPE(restype, *method.c_argtypes)
+            table[c_name] = prototype(self._guarded(c_name, getattr(self, attribute)))
+        self._table = table
 
     def __getattr__(self, name: str) -> Any:
-        # Constants and exception classes come from the real binding; functions do not, so
-        # a call the fake lacks fails loudly instead of reaching a real library.
-        if name.startswith("NVML") or name.startswith("nvmlEventType"):
-            return getattr(pynvml, name)
-        raise AttributeError(f"fake NVML does not implement {name}")
+        # What ctypes' CDLL does for a symbol the library lacks: AttributeError.
+        table = self.__dict__.get("_table", {})
+        if name not in table:
+            raise AttributeError(f"fake libnvidia-ml.so.1 ({self.driver_version}) has no symbol {name}")
+        self.lookups.append(name)
+        return table[name]
 
-    # -- library -------------------------------------------------------------------------
-    def nvmlInit(self) -> None:
+    @property
+    def exported(self) -> set[str]:
+        return set(self._table)
+
+    def _guarded(self, name: str, impl: Callable[..., int | None]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            try:
+                if name in self.unsupported:
+                    return self.nv.NVML_ERROR_NOT_SUPPORTED
+                result = impl(*args)
+                return self.nv.NVML_SUCCESS if result is None else result
+            except _Return as ret:
+                return ret.code
+            except Exception as err:  # a bug in the fake: an error code, never success
+                self.errors.append(f"{name}: {err!r}")
+                return self.nv.NVML_ERROR_UNKNOWN
+        return call
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _fail(self, code_name: str) -> _Return:
+        return _Return(getattr(self.nv, code_name))
+
+    def _initialized(self) -> None:
+        if self._refs == 0:
+            raise self._fail("NVML_ERROR_UNINITIALIZED")
+
+    @staticmethod
+    def _handle_address(index: int, mig: int | None = None) -> int:
+        address = _GPU_BASE + index * _GPU_STRIDE
+        return address if mig is None else address + (mig + 1) * _MIG_STRIDE
+
+    def _resolve(self, address: int | None) -> tuple[FakeGpu, FakeMig | None]:
+        """The device behind a handle; lost GPUs answer GPU_IS_LOST to everything."""
+        self._initialized()
+        if not address:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        offset = address - _GPU_BASE
+        index, rest = divmod(offset, _GPU_STRIDE)
+        by_index = {g.index: g for g in self.gpus}
+        if offset < 0 or index not in by_index or rest % _MIG_STRIDE:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        gpu = by_index[index]
+        if gpu.lost:
+            raise self._fail("NVML_ERROR_GPU_IS_LOST")
+        slot = rest // _MIG_STRIDE - 1
+        if slot < 0:
+            return gpu, None
+        if slot >= len(gpu.migs):
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        return gpu, gpu.migs[slot]
+
+    def _string(self, buffer: int, length: int, text: str) -> None:
+        data = text.encode()
+        if len(data) + 1 > length:
+            raise self._fail("NVML_ERROR_INSUFFICIENT_SIZE")
+        ctypes.memmove(buffer, data + b"\0", len(data) + 1)
+
+    @staticmethod
+    def _put(ctype: Any, address: int, value: Any) -> None:
+        ctype.from_address(address).value = value
+
+    # -- library -----------------------------------------------------------------------------
+    @_export(c_uint)
+    def _nvmlInitWithFlags(self, flags: int) -> int | None:
         if self.driver_version is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+            return self.nv.NVML_ERROR_LIBRARY_NOT_FOUND
         with self._lock:
             self._refs += 1
+        return None
 
-    def nvmlShutdown(self) -> None:
+    @_export()
+    def _nvmlShutdown(self) -> int | None:
         with self._lock:
-            if self._refs == 0:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._initialized()
             self._refs -= 1
+        return None
 
-    def _check(self) -> None:
-        if self._refs == 0:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+    @_export(c_int)
+    def _nvmlErrorString(self, code: int) -> int:
+        text = ctypes.create_string_buffer(f"NVML error {code}".encode())
+        self._keep.append(text)
+        return ctypes.addressof(text)
 
-    def nvmlSystemGetDriverVersion(self) -> str:
-        self._check()
-        return self.driver_version or ""
+    @_export(c_void_p, c_uint)
+    def _nvmlSystemGetDriverVersion(self, buffer: int, length: int) -> None:
+        self._initialized()
+        self._string(buffer, length, self.driver_version or "")
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        self._check()
-        return self.cuda
+    @_export(c_void_p)
+    def _nvmlSystemGetCudaDriverVersion(self, out: int) -> None:
+        self._initialized()
+        self._put(ctypes.c_int, out, self.cuda)
 
-    def nvmlDeviceGetCount(self) -> int:
-        self._check()
-        return len(self.gpus)
+    @_export(c_void_p, name="nvmlDeviceGetCount_v2")
+    def _device_count(self, out: int) -> None:
+        self._initialized()
+        self._put(c_uint, out, len(self.gpus))
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
-        self._check()
-        if not 0 <= index < len(self.gpus):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if self.gpus[index].lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return _Handle(index)
-
-    # -- per device ------------------------------------------------------------------------
-    def _gpu(self, handle: _Handle) -> FakeGpu:
-        self._check()
-        gpu = self.gpus[handle.gpu]
+    @_export(c_uint, c_void_p, name="nvmlDeviceGetHandleByIndex_v2")
+    def _handle_by_index(self, index: int, out: int) -> None:
+        self._initialized()
+        gpu = next((g for g in self.gpus if g.index == index), None)
+        if gpu is None:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         if gpu.lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return gpu
+            raise self._fail("NVML_ERROR_GPU_IS_LOST")
+        self._put(c_void_p, out, self._handle_address(gpu.index))
 
-    def _mig(self, handle: _Handle) -> FakeMig | None:
-        gpu = self._gpu(handle)
-        return gpu.migs[handle.mig] if handle.mig is not None else None
-
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
-        mig = self._mig(handle)
-        return mig.uuid if mig else self._gpu(handle).uuid
-
-    def nvmlDeviceGetName(self, handle: _Handle) -> str:
-        gpu, mig = self._gpu(handle), self._mig(handle)
-        return f"{gpu.product} MIG {mig.profile}" if mig else gpu.product
-
-    def nvmlDeviceGetBrand(self, handle: _Handle) -> int:
-        return self._gpu(handle).brand
-
-    def nvmlDeviceGetArchitecture(self, handle: _Handle) -> int:
-        return self._gpu(handle).architecture
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
-        return self._gpu(handle).compute_capability
-
-    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> SimpleNamespace:
-        gpu = self._gpu(handle)
-        # NVML reports an 8-digit domain: "00000000:17:00.0", upper-case hex.
-        return SimpleNamespace(busId=("0000" + gpu.bus_id).upper(), busIdLegacy=gpu.bus_id.upper())
-
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> SimpleNamespace:
-        mig = self._mig(handle)
-        total = mig.memory_bytes if mig else self._gpu(handle).memory_bytes
-        return SimpleNamespace(total=total, free=total, used=0)
-
-    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
-        if handle.mig is not None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return self._gpu(handle).minor
-
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
-        gpu = self._gpu(handle)
-        if not gpu.mig_capable or handle.mig is not None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.migs else pynvml.NVML_DEVICE_MIG_DISABLE
-        return [mode, mode]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
-        gpu = self._gpu(handle)
-        if not gpu.mig_capable:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
-        gpu = self._gpu(handle)
-        if not gpu.mig_capable:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= index < len(gpu.migs):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return _Handle(handle.gpu, index)
-
-    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
-        mig = self._mig(handle)
-        if mig is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return mig.gi
-
-    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:
-        mig = self._mig(handle)
-        if mig is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return mig.ci
-
-    def nvmlDeviceGetAttributes(self, handle: _Handle) -> SimpleNamespace:
-        mig = self._mig(handle)
-        if mig is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(
-            multiprocessorCount=mig.multiprocessors,
-            sharedCopyEngineCount=mig.copy_engines,
-            sharedDecoderCount=mig.decoders,
-            sharedEncoderCount=mig.encoders,
-            sharedJpegCount=0,
-            sharedOfaCount=0,
-            gpuInstanceSliceCount=mig.slices,
-            computeInstanceSliceCount=mig.slices,
-            memorySizeMB=mig.memory_bytes >> 20,
-        )
-
-    # -- events (health) -------------------------------------------------------------------
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:
-        self._check()
+    @_export(c_char_p, c_void_p)
+    def _nvmlDeviceGetHandleByUUID(self, uuid: bytes, out: int) -> None:
+        self._initialized()
+        wanted = (uuid or b"").decode()
         for gpu in self.gpus:
-            if gpu.uuid == uuid:
+            if gpu.uuid == wanted:
                 if gpu.lost:
-                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-                return _Handle(gpu.index)
-            for k, mig in enumerate(gpu.migs):
-                if mig.uuid == uuid:
-                    return _Handle(gpu.index, k)
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+                    raise self._fail("NVML_ERROR_GPU_IS_LOST")
+                self._put(c_void_p, out, self._handle_address(gpu.index))
+                return
+            for slot, mig in enumerate(gpu.migs):
+                if mig.uuid == wanted:
+                    if gpu.lost:
+                        raise self._fail("NVML_ERROR_GPU_IS_LOST")
+                    self._put(c_void_p, out, self._handle_address(gpu.index, slot))
+                    return
+        raise self._fail("NVML_ERROR_NOT_FOUND")
 
-    def nvmlEventSetCreate(self) -> _EventSet:
-        self._check()
-        return _EventSet()
+    # -- per device --------------------------------------------------------------------------
+    @_export(c_void_p, c_void_p, c_uint)
+    def _nvmlDeviceGetUUID(self, handle: int, buffer: int, length: int) -> None:
+        gpu, mig = self._resolve(handle)
+        self._string(buffer, length, mig.uuid if mig else gpu.uuid)
 
-    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
-        self._gpu(handle)
-        if not event_types & pynvml.nvmlEventTypeXidCriticalError:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        event_set.gpus.add(handle.gpu)
+    @_export(c_void_p, c_void_p, c_uint)
+    def _nvmlDeviceGetName(self, handle: int, buffer: int, length: int) -> None:
+        gpu, mig = self._resolve(handle)
+        self._string(buffer, length, f"{gpu.product} MIG {mig.profile}" if mig else gpu.product)
 
-    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> SimpleNamespace:
-        deadline = timeout_ms / 1000.0
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetBrand(self, handle: int, out: int) -> None:
+        gpu, _ = self._resolve(handle)
+        self._put(c_int, out, gpu.brand)
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetArchitecture(self, handle: int, out: int) -> None:
+        gpu, _ = self._resolve(handle)
+        self._put(c_uint, out, gpu.architecture)
+
+    @_export(c_void_p, c_void_p, c_void_p)
+    def _nvmlDeviceGetCudaComputeCapability(self, handle: int, major: int, minor: int) -> None:
+        gpu, _ = self._resolve(handle)
+        self._put(c_int, major, gpu.compute_capability[0])
+        self._put(c_int, minor, gpu.compute_capability[1])
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetPciInfo_v3(self, handle: int, out: int) -> None:
+        gpu, _ = self._resolve(handle)
+        info = self.nv.nvmlPciInfo_t.from_address(out)
+        domain, bus, rest = gpu.bus_id.split(":")
+        device = rest.split(".")[0]
+        # NVML: an 8-digit upper-case domain in busId, the 4-digit legacy form beside it.
+        info.busId = f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{rest.split('.')[1]}".encode()
+        info.busIdLegacy = gpu.bus_id.upper().encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(device, 16)
+        info.pciDeviceId = (gpu.pci_device << 16) | gpu.pci_vendor
+        info.pciSubSystemId = (0x1000 << 16) | gpu.pci_vendor
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetMemoryInfo(self, handle: int, out: int) -> None:
+        gpu, mig = self._resolve(handle)
+        memory = self.nv.c_nvmlMemory_t.from_address(out)
+        memory.total = mig.memory_bytes if mig else gpu.memory_bytes
+        memory.used = 0
+        memory.free = memory.total
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetMemoryInfo_v2(self, handle: int, out: int) -> None:
+        gpu, mig = self._resolve(handle)
+        memory = self.nv.c_nvmlMemory_v2_t.from_address(out)
+        if memory.version != self.nv.nvmlMemory_v2:
+            raise self._fail("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+        memory.total = mig.memory_bytes if mig else gpu.memory_bytes
+        memory.reserved = 0
+        memory.used = 0
+        memory.free = memory.total
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetMinorNumber(self, handle: int, out: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if mig is not None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        self._put(c_uint, out, gpu.minor)
+
+    @_export(c_void_p, c_void_p, c_void_p)
+    def _nvmlDeviceGetMigMode(self, handle: int, current: int, pending: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if not gpu.mig_capable or mig is not None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        mode = self.nv.NVML_DEVICE_MIG_ENABLE if gpu.migs else self.nv.NVML_DEVICE_MIG_DISABLE
+        self._put(c_uint, current, mode)
+        self._put(c_uint, pending, mode)
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetMaxMigDeviceCount(self, handle: int, out: int) -> None:
+        gpu, _ = self._resolve(handle)
+        if not gpu.mig_capable:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        self._put(c_uint, out, MAX_MIG_DEVICES)
+
+    @_export(c_void_p, c_uint, c_void_p)
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int, out: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if not gpu.mig_capable or mig is not None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        if index >= MAX_MIG_DEVICES:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        if index >= len(gpu.migs):
+            raise self._fail("NVML_ERROR_NOT_FOUND")
+        self._put(c_void_p, out, self._handle_address(gpu.index, index))
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetGpuInstanceId(self, handle: int, out: int) -> None:
+        _, mig = self._resolve(handle)
+        if mig is None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        self._put(c_uint, out, mig.gi)
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetComputeInstanceId(self, handle: int, out: int) -> None:
+        _, mig = self._resolve(handle)
+        if mig is None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        self._put(c_uint, out, mig.ci)
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetAttributes_v2(self, handle: int, out: int) -> None:
+        _, mig = self._resolve(handle)
+        if mig is None:  # NVML: "currently only supports MIG device handles"
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        attrs = self.nv.c_nvmlDeviceAttributes.from_address(out)
+        attrs.multiprocessorCount = mig.multiprocessors
+        attrs.sharedCopyEngineCount = mig.copy_engines
+        attrs.sharedDecoderCount = mig.decoders
+        attrs.sharedEncoderCount = mig.encoders
+        attrs.sharedJpegCount = 0
+        attrs.sharedOfaCount = 0
+        attrs.gpuInstanceSliceCount = mig.slices
+        attrs.computeInstanceSliceCount = mig.slices
+        attrs.memorySizeMB = mig.memory_bytes >> 20
+
+    # -- events ------------------------------------------------------------------------------
+    @_export(c_void_p)
+    def _nvmlEventSetCreate(self, out: int) -> None:
+        self._initialized()
+        with self._lock:
+            self._next_set += 1
+            address = _SET_BASE + self._next_set * 0x10
+            self._sets[address] = set()
+        self._put(c_void_p, out, address)
+
+    def _event_set(self, address: int | None) -> set[int]:
+        if address not in self._sets:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        return self._sets[address]
+
+    @_export(c_void_p, c_ulonglong, c_void_p)
+    def _nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if mig is not None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        if not types & self.nv.nvmlEventTypeXidCriticalError:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        with self._lock:
+            self._event_set(event_set).add(gpu.index)
+
+    @_export(c_void_p, c_void_p, c_uint)
+    def _nvmlEventSetWait_v2(self, event_set: int, out: int, timeout_ms: int) -> int | None:
         with self._event_ready:
-            self._event_ready.wait_for(
-                lambda: any(e.gpu in event_set.gpus for e in self._events), timeout=deadline)
-            for i, event in enumerate(self._events):
-                if event.gpu in event_set.gpus:
+            registered = self._event_set(event_set)
+            self._event_ready.wait_for(lambda: any(e[0] in registered for e in self._events),
+                                       timeout=timeout_ms / 1000.0)
+            for i, (gpu, xid, gi, ci) in enumerate(self._events):
+                if gpu in registered:
                     del self._events[i]
-                    return event.data
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+                    break
+            else:
+                return self.nv.NVML_ERROR_TIMEOUT
+        data = self.nv.c_nvmlEventData_t.from_address(out)
+        # The event names the device by its handle, the same address nvmlDeviceGetHandle*
+        # returned; nvidia-ml-py wraps it in a new pointer object.
+        data.device = ctypes.cast(self._handle_address(gpu), self.nv.c_nvmlDevice_t)
+        data.eventType = self.nv.nvmlEventTypeXidCriticalError
+        data.eventData = xid
+        data.gpuInstanceId = gi
+        data.computeInstanceId = ci
+        return None
 
-    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
-        event_set.freed = True
+    @_export(c_void_p)
+    def _nvmlEventSetFree(self, event_set: int) -> None:
+        with self._lock:
+            self._event_set(event_set)
+            del self._sets[event_set]
 
+    # -- what the mock's "hardware" does ------------------------------------------------------
     def inject_xid(self, index: int, xid: int, gpu_instance: int | None = None,
                    compute_instance: int | None = None) -> None:
-        """Mock mode: queue an XID critical error event as the driver would report it."""
-        data = SimpleNamespace(
-            device=_EventHandle(index), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
-            gpuInstanceId=NO_INSTANCE if gpu_instance is None else gpu_instance,
-            computeInstanceId=NO_INSTANCE if compute_instance is None else compute_instance,
-        )
+        """Queue an XID critical error event as the kernel driver would report it."""
         with self._event_ready:
-            self._events.append(SimpleNamespace(gpu=index, data=data))
+            self._events.append((index, xid, NO_INSTANCE if gpu_instance is None else gpu_instance,
+                                 NO_INSTANCE if compute_instance is None else compute_instance))
             self._event_ready.notify_all()
+
+
+def _branch(driver_version: str | None) -> int | None:
+    try:
+        return int(str(driver_version).split(".")[0]) if driver_version else None
+    except ValueError:
+        return None
+
+
+def load(gpus: list[FakeGpu], driver_version: str | None, cuda: int) -> tuple[ModuleType, FakeNvmlLibrary]:
+    """nvidia-ml-py bound to a fake library for these GPUs: (the pynvml module, the library)."""
+    nv = bindings()
+    library = FakeNvmlLibrary(gpus, driver_version, cuda, nv)
+    nv.nvmlLib = library
+    return nv, library
+
+
+__all__ = ["FakeGpu", "FakeMig", "FakeNvmlLibrary", "NO_INSTANCE", "SINCE", "bindings", "load"]

@@ -17,12 +17,14 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from driver.devices.discovery import Sources
 from driver.devices.mock import catalog
 from driver.devices.net import NicFilter
 from driver.devices.pciids import PciIds
-from driver.devices.mock.fakenvml import FakeGpu, FakeMig, FakeNvml
+from driver.devices.mock import fakenvml
+from driver.devices.mock.fakenvml import FakeGpu, FakeMig, FakeNvmlLibrary
 from driver.devices.mock.profile import AlveoSpec, DflSpec, GpuSpec, NicSpec, Profile
 
 _UUID_NS = uuid.UUID("6f1f6c2e-3c55-4c1e-9a59-0c0d1d7b4a10")
@@ -37,10 +39,11 @@ class MockNode:
     sysfs: Path
     dev: Path
     proc: Path
-    nvml: FakeNvml
+    nvml: ModuleType  # nvidia-ml-py (pynvml), bound to `library`
     driver_root: Path
     interfaces: list[str] = field(default_factory=list)
     pci_ids: Path | None = None
+    library: FakeNvmlLibrary | None = None  # the fake libnvidia-ml.so.1: the GPUs' state
 
     def sources(self, nic_filter: NicFilter = NicFilter()) -> Sources:
         """Where discovery reads this mock node, as `dra-driver run --mock` does."""
@@ -75,9 +78,9 @@ def _fingerprint(profile: Profile) -> str:
 
 
 def _node(root: Path, writer: "_Writer", profile: Profile) -> MockNode:
-    nvml = FakeNvml(writer.gpus, profile.driver_version, profile.cuda_driver_version)
+    nvml, library = fakenvml.load(writer.gpus, profile.driver_version, profile.cuda_driver_version)
     return MockNode(root, root / "sys", root / "dev", root / "proc", nvml, root / "driver-root",
-                    writer.interfaces, root / PCI_IDS)
+                    writer.interfaces, root / PCI_IDS, library)
 
 
 def attach(profile: Profile, root: Path) -> MockNode | None:
@@ -236,7 +239,7 @@ class _Writer:
             product=model.product, brand=model.brand, architecture=model.architecture,
             compute_capability=model.compute_capability,
             memory_bytes=model.memory_mib * catalog.MIB, mig_capable=bool(model.mig),
-            lost=card.lost,
+            lost=card.lost, pci_device=model.pci_device,
         )
         caps = self.proc / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig"
         for k, profile_name in enumerate(card.mig):
