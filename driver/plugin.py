@@ -128,7 +128,7 @@ class Plugin:
         health = HealthState(config.driver_name, inventory)
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,
-                              newer_instance=lambda: instance.newer_peer())
+                              newer_instance=instance.newer_peer)
         health.subscribe(publisher.trigger)
 
         def changed(new: DiscoveryResult) -> None:

@@ -156,11 +156,17 @@ def test_sigterm_and_ctrl_c_clean_up(tmp_path, signum, code, word):
 def test_stale_demo_specs_are_removed_and_said(tmp_path):
     cdi_root = tmp_path / "cdi"
     cdi_root.mkdir()
-    stale = cdi_root / "accel.dra.io-claim_demo-0badc0de.json"
+    stale = cdi_root / "accel.dra.io-claim_demo-4194999-0badc0de.json"  # no such PID
     stale.write_text("{}")
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "demo"])
+    alive = cdi_root / f"accel.dra.io-claim_demo-{running.pid}-0badc0de.json"  # another demo's
+    alive.write_text("{}")
     real = cdi_root / "accel.dra.io-claim_5f0c7a52-8f7e-4d5b-9c1a-0b2c3d4e5f60.json"
     real.write_text("{}")  # a real driver's spec on the same host: never touched
     code, out, err = _demo("--profile", "alveo", cdi_root=cdi_root)
     assert code == 0, out + err
     assert any("removed 1 stale CDI spec(s) of an earlier demo run" in line and stale.name in line for line in out)
     assert not stale.exists() and real.exists()
+    assert alive.exists(), "a demo still running keeps its specs"
+    running.kill()
+    running.wait()

@@ -8,16 +8,18 @@ where podman can run (root, podman, runc, busybox-static), prints what the conta
 then unprepares and stops.
 
 It leaves the host as it found it. CDI specs go to the real /var/run/cdi only when podman
-runs (podman reads them there); the demo's claims have UIDs that start with `demo-`, so
-their specs (`<driver>-claim_demo-*.json`) are recognisably the demo's. They are removed
-on success, on failure, on Ctrl-C and on SIGTERM, and stale ones of an earlier, killed
-demo are removed at start. The driver process dies with the demo.
+runs (podman reads them there); the demo's claims have UIDs `demo-<pid>-<uuid>`, so their
+specs (`<driver>-claim_demo-*.json`) are recognisably the demo's. They are removed on
+success, on failure, on Ctrl-C and on SIGTERM; at start, those of earlier demos that are
+no longer running (the PID in the name) are removed. The driver process dies with the
+demo.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -51,6 +53,19 @@ def _die_with_parent() -> None:
 
 def demo_specs(cdi_root: Path, driver: str) -> list[Path]:
     return sorted(cdi_root.glob(f"{driver}-claim_{UID_PREFIX}*.json"))
+
+
+def _running_demo(spec: Path, driver: str) -> bool:
+    """Does the demo that wrote this spec still run (another terminal's demo)?"""
+    uid = spec.name.removeprefix(f"{driver}-claim_").removesuffix(".json")
+    pid = uid.removeprefix(UID_PREFIX).split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"demo" in cmdline
 
 
 @dataclass
@@ -120,7 +135,7 @@ class Demo:
 
     # -- the host's CDI directory ----------------------------------------------------------
     def remove_stale_specs(self) -> None:
-        stale = demo_specs(self.cdi_root, self.driver)
+        stale = [p for p in demo_specs(self.cdi_root, self.driver) if not _running_demo(p, self.driver)]
         for path in stale:
             path.unlink(missing_ok=True)
         if stale:
@@ -194,7 +209,7 @@ class Demo:
                     ran.add(claim.name)
                     results = allocation_results(choices, self.driver, NODE)
                     taken |= {r["device"] for r in results}
-                    ref = Claim("default", claim.name, f"{UID_PREFIX}{uuid.uuid4()}")
+                    ref = Claim("default", claim.name, f"{UID_PREFIX}{os.getpid()}-{uuid.uuid4()}")
                     self.ours.append(ref.uid)
                     api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
                                                   allocation_config(spec, self.driver)))
