@@ -316,7 +316,7 @@ def test_zero_writes_when_nothing_changed_on_every_profile(api, built, tmp_path,
 def test_the_server_rewrites_some_quantities_we_publish(api, built, tmp_path):
     """Keeps the test above honest: at least one profile publishes a spelling the server
     changes, so a string comparison would fail it."""
-    from driver.sim.quantity import canonical
+    from driver.quantity import canonical
 
     rewritten = [(p, d.name, q) for p in sorted(mock.builtin_profiles())
                  for d in built(p)[1].inventory.devices for q in d.capacity.values() if canonical(q) != q]

@@ -1,13 +1,19 @@
 """A small allocator for the demo and the tests: picks devices for a claim the way the
 scheduler would for the features our examples use (DeviceClass and request CEL
-selectors, ExactCount, firstAvailable, matchAttribute constraints, opaque configs).
-It is not the scheduler: no scoring, no cross-claim bookkeeping beyond `taken`."""
+selectors, ExactCount, firstAvailable, matchAttribute constraints, opaque configs, and
+consumable capacity: devices that allow multiple allocations, capacity requests rounded
+by the request policy, shareID and consumedCapacity in the result).
+It is not the scheduler: no scoring, no cross-claim bookkeeping beyond `taken` (devices
+allocated whole) and `Shares` (capacity consumed on multi-allocatable devices)."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
 
+from driver import quantity
 from driver.devices.model import Device, Inventory
 from driver.sim.cel import matches
 
@@ -20,6 +26,66 @@ class Unsatisfiable(Exception):
 class Choice:
     request: str  # "gpu" or "gpu/h100" for a firstAvailable subrequest
     devices: tuple[Device, ...]
+    consumed: tuple[dict[str, str] | None, ...] = ()  # per device: consumedCapacity of a share
+
+
+@dataclass
+class Shares:
+    """Multi-allocatable devices (name -> capacity entries with their request policies, as
+    published) and what the claims allocated so far consume of them."""
+
+    capacity: dict[str, dict[str, dict]] = field(default_factory=dict)
+    used: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+
+    def amount(self, device: str, requests: dict) -> dict[str, Decimal] | None:
+        """What a request with these capacity requests consumes, or None if it does not fit."""
+        wanted: dict[str, Decimal] = {}
+        for name, entry in self.capacity[device].items():
+            total = quantity.value(entry["value"])
+            policy = entry.get("requestPolicy") or {}
+            if name in requests:
+                amount = quantity.value(str(requests[name]))
+            elif policy.get("default") is not None:
+                amount = quantity.value(policy["default"])
+            else:
+                amount = total
+            amount = _round(amount, policy)
+            if amount is None or self.used.get(device, {}).get(name, Decimal(0)) + amount > total:
+                return None
+            wanted[name] = amount
+        return wanted
+
+    def take(self, device: str, amount: dict[str, Decimal]) -> None:
+        used = self.used.setdefault(device, {})
+        for name, value in amount.items():
+            used[name] = used.get(name, Decimal(0)) + value
+
+
+def _round(amount: Decimal, policy: dict) -> Decimal | None:
+    """KEP-5075: raised to min, rounded up to min + n*step or the next valid value."""
+    if policy.get("validValues"):
+        values = sorted(quantity.value(v) for v in policy["validValues"])
+        return next((v for v in values if v >= amount), None)
+    bounds = policy.get("validRange")
+    if not bounds:
+        return amount
+    low = quantity.value(bounds["min"])
+    amount = max(amount, low)
+    if bounds.get("step"):
+        step = quantity.value(bounds["step"])
+        # Decimal's // truncates toward zero: round the quotient up explicitly.
+        steps = ((amount - low) / step).to_integral_value(rounding=ROUND_CEILING)
+        amount = low + steps * step
+    if bounds.get("max") and amount > quantity.value(bounds["max"]):
+        return None
+    return amount
+
+
+def _canonical(value: Decimal) -> str:
+    """As the scheduler writes it: binary sizes in binary units (20Gi), counts plain (30)."""
+    if value == value.to_integral_value() and value >= 1024 and int(value) % 1024 == 0:
+        return quantity.canonical(f"{int(value) >> 10}Ki")
+    return quantity.canonical(format(value.normalize(), "f"))
 
 
 def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: dict, driver: str,
@@ -33,8 +99,11 @@ def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: di
 
 
 def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str]], driver: str,
-             taken: set[str] | None = None) -> list[Choice]:
+             taken: set[str] | None = None, shares: Shares | None = None) -> list[Choice]:
+    """Devices for the claim. With `shares`, multi-allocatable devices are taken by capacity
+    (and `shares` records what the result consumes)."""
     taken = set(taken or ())
+    shares = shares or Shares()
     devices_spec = claim_spec.get("devices", {})
     options_per_request: list[list[tuple[str, list[Device], int]]] = []
     for request in devices_spec.get("requests", []):
@@ -45,8 +114,21 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
         else:
             exactly = request["exactly"]
             alternatives.append((request["name"], exactly, exactly.get("count", 1)))
-        options_per_request.append([(name, _candidates(inventory, classes, spec, driver, taken), count)
-                                    for name, spec, count in alternatives])
+        options = []
+        for name, spec, count in alternatives:
+            requests = ((spec.get("capacity") or {}).get("requests")) or {}
+            candidates = []
+            for device in _candidates(inventory, classes, spec, driver, taken):
+                if device.name in shares.capacity:
+                    amount = shares.amount(device.name, requests)
+                    if amount is None:
+                        continue  # not enough of it left
+                    candidates.append((device, amount))
+                elif not requests:
+                    candidates.append((device, None))
+                # capacity requests on a device that is not shared: the scheduler skips it
+            options.append((name, candidates, count))
+        options_per_request.append(options)
     constraints = devices_spec.get("constraints", [])
 
     def satisfied(choices: list[Choice]) -> bool:
@@ -64,9 +146,13 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
         if index == len(options_per_request):
             return chosen if satisfied(chosen) else None
         for name, candidates, count in options_per_request[index]:  # first alternative first
-            free = [d for d in candidates if d.name not in used]
+            free = [c for c in candidates if c[0].name not in used]
             for combo in itertools.islice(itertools.combinations(free, count), 2000):
-                found = search(index + 1, chosen + [Choice(name, combo)], used | {d.name for d in combo})
+                devices = tuple(d for d, _ in combo)
+                consumed = tuple(None if a is None else {k: _canonical(v) for k, v in a.items()}
+                                 for _, a in combo)
+                found = search(index + 1, chosen + [Choice(name, devices, consumed)],
+                               used | {d.name for d in devices})
                 if found is not None:
                     return found
         return None
@@ -74,12 +160,23 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
     result = search(0, [], set())
     if result is None:
         raise Unsatisfiable("no combination of devices satisfies the claim")
+    for choice in result:
+        for device, consumed in zip(choice.devices, choice.consumed):
+            if consumed is not None:
+                shares.take(device.name, {k: quantity.value(v) for k, v in consumed.items()})
     return result
 
 
 def allocation_results(choices: list[Choice], driver: str, pool: str) -> list[dict]:
-    return [{"request": c.request, "driver": driver, "pool": pool, "device": d.name}
-            for c in choices for d in c.devices]
+    results = []
+    for choice in choices:
+        consumed = choice.consumed or (None,) * len(choice.devices)
+        for device, amount in zip(choice.devices, consumed):
+            result = {"request": choice.request, "driver": driver, "pool": pool, "device": device.name}
+            if amount is not None:
+                result.update(shareID=str(uuid.uuid4()), consumedCapacity=amount)
+            results.append(result)
+    return results
 
 
 def allocation_config(claim_spec: dict, driver: str) -> list[dict]:

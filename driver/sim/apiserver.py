@@ -4,7 +4,7 @@ It serves resource.k8s.io discovery, ResourceClaims (GET), ResourceSlices (list 
 selectors, get, create, update, delete, watch) and Nodes over real HTTP, so the driver's
 `kubernetes` client code path runs unchanged. Like the real server it validates slices
 (driver/sim/k8s_limits.py), stores quantities canonically (`40960Mi` comes back as `40Gi`,
-driver/sim/quantity.py), enforces resourceVersion and UID on updates and delete
+driver/quantity.py), enforces resourceVersion and UID on updates and delete
 preconditions (409), and disables Nagle.
 Tests can inject faults (status codes, delays) and read write counters.
 """
@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from driver.sim import quantity
+from driver import quantity
 from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
@@ -43,12 +43,20 @@ class State:
     claims: dict[tuple[str, str], dict] = field(default_factory=dict)
     slices: dict[str, dict] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
+    # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
+    pod_nodes: set[str] = field(default_factory=set)
     resource_version: int = 100
     faults: list[Fault] = field(default_factory=list)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (verb, slice name)
     requests: int = 0
     access: set = field(default_factory=set)  # (verb, apiGroup, resource): what RBAC must allow
     watchers: list = field(default_factory=list)
+    # Feature gates that change what the server keeps of a slice: a disabled gate's
+    # fields are dropped on write without an error, as the real server does.
+    gates: dict[str, bool] = field(default_factory=lambda: {"DRAConsumableCapacity": True,
+                                                             "DRADeviceTaints": True})
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
 
@@ -57,10 +65,12 @@ class State:
 
 
 class ApiServer:
-    def __init__(self, versions: list[str] | None = None) -> None:
+    def __init__(self, versions: list[str] | None = None,
+                 gates: dict[str, bool] | None = None) -> None:
         self.state = State()
         if versions:
             self.state.versions = versions
+        self.state.gates.update(gates or {})
         handler = type("Handler", (_Handler,), {"state": self.state})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -167,6 +177,7 @@ def claim_allocated(namespace: str, name: str, uid: str, results: list[dict],
 _SLICES = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/resourceslices(?:/([^/]+))?$")
 _CLAIM = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/namespaces/([^/]+)/resourceclaims/([^/]+)$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+_PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -238,6 +249,8 @@ class _Handler(BaseHTTPRequestHandler):
         if m := _NODE.match(url.path):
             node = self.state.nodes.get(m.group(1))
             return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
+        if m := _PODS.match(url.path):
+            return self._pods(method, m.group(1), m.group(2), query, body)
         if m := _CLAIM.match(url.path):
             version, namespace, name = m.groups()
             if version not in self.state.versions:
@@ -258,6 +271,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self, method: str, path: str, query: dict) -> None:
         if _NODE.match(path):
             access = ("get" if method == "GET" else method.lower(), "", "nodes")
+        elif m := _PODS.match(path):
+            verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+            if method == "GET":
+                verb = "get" if m.group(2) else "list"
+            access = (verb, "", "pods")
         elif _CLAIM.match(path):
             access = ({"GET": "get", "PUT": "update", "DELETE": "delete"}.get(method, method), GROUP, "resourceclaims")
         elif m := _SLICES.match(path):
@@ -271,6 +289,46 @@ class _Handler(BaseHTTPRequestHandler):
             return  # discovery: non-resource URLs every authenticated user may read
         with self.state.lock:
             self.state.access.add(access)
+
+    # -- pods --------------------------------------------------------------------------------
+    def _pods(self, method: str, namespace: str, name: str | None, query: dict, body) -> None:
+        state = self.state
+        with state.lock:
+            if method == "GET" and name is None:
+                items = [copy.deepcopy(p) for (ns, _), p in sorted(state.pods.items())
+                         if ns == namespace and _labels_match(p, query.get("labelSelector", ""))]
+                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items,
+                                        "metadata": {"resourceVersion": str(state.resource_version)}})
+            pod = state.pods.get((namespace, name)) if name else None
+            if method == "GET":
+                return self._send(200, pod) if pod else \
+                    self._status(404, f'pods "{name}" not found', "NotFound")
+            if method == "DELETE":
+                if pod is None:
+                    return self._status(404, f'pods "{name}" not found', "NotFound")
+                if pod["spec"].get("nodeName") in state.pod_nodes:
+                    pod["metadata"].setdefault("deletionTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ"))
+                else:
+                    del state.pods[(namespace, name)]
+                state.resource_version += 1
+                state.changed.notify_all()
+                return self._send(200, pod)
+            if method != "POST" or name is not None:
+                return self._status(405, f"{method} on pods is not served", "MethodNotAllowed")
+            errors = _pod_errors(body, namespace)
+            if errors:
+                return self._status(422, "Pod is invalid: " + "; ".join(errors), "Invalid")
+            key = (namespace, body["metadata"]["name"])
+            if key in state.pods:
+                return self._status(409, f'pods "{key[1]}" already exists', "AlreadyExists")
+            stored = copy.deepcopy(body)
+            state.resource_version += 1
+            stored["metadata"].update(uid=str(uuid.uuid4()), namespace=namespace,
+                                      resourceVersion=str(state.resource_version))
+            stored["status"] = {"phase": "Pending"}
+            state.pods[key] = stored
+            state.changed.notify_all()
+            return self._send(201, copy.deepcopy(stored))
 
     # -- slices ----------------------------------------------------------------------------
     def _selected(self, obj: dict, query: dict) -> bool:
@@ -314,6 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
             errors = slice_errors(body)
             if not errors:
                 errors = _canonicalize_quantities(body)
+            _drop_disabled_fields(body, state.gates)
             if errors:
                 return self._status(422, "ResourceSlice is invalid: " + "; ".join(errors), "Invalid")
             meta = body.setdefault("metadata", {})
@@ -373,6 +432,43 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def _labels_match(obj: dict, selector: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+def _pod_errors(pod: dict, namespace: str) -> list[str]:
+    """The parts of Pod validation a driver-made pod can get wrong."""
+    errors = []
+    meta = pod.get("metadata") or {}
+    name = meta.get("name", "")
+    if pod.get("apiVersion") != "v1" or pod.get("kind") != "Pod":
+        errors.append("apiVersion/kind must be v1/Pod")
+    if not (name and len(name) <= 253 and re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name)):
+        errors.append(f"metadata.name {name!r} is not a DNS subdomain")
+    if meta.get("namespace", namespace) != namespace:
+        errors.append("metadata.namespace does not match the URL")
+    for key, value in (meta.get("labels") or {}).items():
+        if len(str(value)) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", str(value)):
+            errors.append(f"metadata.labels[{key}]: {value!r} is not a label value")
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        errors.append("spec.containers: Required value")
+    volumes = {v.get("name") for v in spec.get("volumes") or []}
+    for i, container in enumerate(containers):
+        if not container.get("image"):
+            errors.append(f"spec.containers[{i}].image: Required value")
+        for mount in container.get("volumeMounts") or []:
+            if mount.get("name") not in volumes:
+                errors.append(f"spec.containers[{i}].volumeMounts: volume {mount.get('name')!r} not found")
+    return errors
+
+
 def _precondition_failure(preconditions: dict, obj: dict) -> str | None:
     """The real server's answer when a UID or resourceVersion precondition does not hold."""
     meta = obj["metadata"]
@@ -401,6 +497,16 @@ def _canonicalize_quantities(body: dict) -> list[str]:
         for name, cap in (fields.get("capacity") or {}).items():
             if isinstance(cap, dict) and "value" in cap:
                 fix(cap, "value", f"spec.devices[{i}].capacity[{name}].value")
+            policy = cap.get("requestPolicy") if isinstance(cap, dict) else None
+            if isinstance(policy, dict):
+                where = f"spec.devices[{i}].capacity[{name}].requestPolicy"
+                if policy.get("default") is not None:
+                    fix(policy, "default", f"{where}.default")
+                for key in ("min", "max", "step"):
+                    if isinstance(policy.get("validRange"), dict) and key in policy["validRange"]:
+                        fix(policy["validRange"], key, f"{where}.validRange.{key}")
+                for j in range(len(policy.get("validValues") or [])):
+                    fix(policy["validValues"], j, f"{where}.validValues[{j}]")
         for j, use in enumerate(fields.get("consumesCounters") or []):
             for name, counter in (use.get("counters") or {}).items():
                 if isinstance(counter, dict) and "value" in counter:
@@ -410,6 +516,19 @@ def _canonicalize_quantities(body: dict) -> list[str]:
             if isinstance(counter, dict) and "value" in counter:
                 fix(counter, "value", f"spec.sharedCounters[{i}].counters[{name}].value")
     return errors
+
+
+def _drop_disabled_fields(body: dict, gates: dict[str, bool]) -> None:
+    """What the real server's field strategy does for a gate that is off."""
+    for device in (body.get("spec") or {}).get("devices") or []:
+        fields = device.get("basic", device)
+        if not gates.get("DRADeviceTaints", True):
+            fields.pop("taints", None)
+        if not gates.get("DRAConsumableCapacity", True):
+            fields.pop("allowMultipleAllocations", None)
+            for capacity in (fields.get("capacity") or {}).values():
+                if isinstance(capacity, dict):
+                    capacity.pop("requestPolicy", None)
 
 
 def _to_v1(obj: dict, version: str) -> dict:

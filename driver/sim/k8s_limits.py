@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+from driver.quantity import QuantityError
+from driver.quantity import value as size
+
 LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SEMVER = re.compile(
@@ -100,11 +103,21 @@ def slice_errors(obj: dict, has_taint_limit: bool = True) -> list[str]:
                 errors.append(f"{where}.attributes[{key}]: not a bool")
             if kind not in ("string", "version", "int", "bool"):
                 errors.append(f"{where}.attributes[{key}]: unknown type {kind}")
+        multiple = body.get("allowMultipleAllocations")
+        if multiple is not None and not isinstance(multiple, bool):
+            errors.append(f"{where}.allowMultipleAllocations must be a boolean")
         for key, value in caps.items():
             if not _qualified(key):
                 errors.append(f"{where}.capacity[{key}]: invalid name")
             if not isinstance(value, dict) or not isinstance(value.get("value"), str):
                 errors.append(f"{where}.capacity[{key}]: value must be a quantity string")
+                continue
+            if "requestPolicy" in value:
+                if multiple is not True:
+                    errors.append(f"{where}.capacity[{key}].requestPolicy: may only be set when "
+                                  "allowMultipleAllocations is true")
+                errors += request_policy_errors(f"{where}.capacity[{key}].requestPolicy",
+                                                value["requestPolicy"], value["value"])
         taints = body.get("taints", []) or []
         if len(taints) > 4:
             errors.append(f"{where}: {len(taints)} taints > 4")
@@ -113,4 +126,52 @@ def slice_errors(obj: dict, has_taint_limit: bool = True) -> list[str]:
                 errors.append(f"{where}: taint effect {t.get('effect')!r}")
             if not _label_key(t.get("key", "")):
                 errors.append(f"{where}: taint key {t.get('key')!r}")
+    return errors
+
+
+def request_policy_errors(where: str, policy: object, capacity: str) -> list[str]:
+    """CapacityRequestPolicy rules (KEP-5075, resource/v1 validation): validValues xor
+    validRange; a default inside them; validValues ascending, at most 10, containing the
+    default; validRange min required, max and default on the min + n*step grid."""
+    if not isinstance(policy, dict):
+        return [f"{where}: must be an object"]
+    unknown = set(policy) - {"default", "validValues", "validRange"}
+    if unknown:
+        return [f"{where}: unknown field(s) {sorted(unknown)}"]
+    errors: list[str] = []
+    try:
+        total = size(capacity)
+        default = size(policy["default"]) if policy.get("default") is not None else None
+        values = [size(v) for v in policy.get("validValues") or []]
+        bounds = policy.get("validRange")
+        low = size(bounds["min"]) if isinstance(bounds, dict) and "min" in bounds else None
+        high = size(bounds["max"]) if isinstance(bounds, dict) and bounds.get("max") else None
+        step = size(bounds["step"]) if isinstance(bounds, dict) and bounds.get("step") else None
+    except (QuantityError, TypeError) as err:
+        return [f"{where}: {err}"]
+    if values and bounds is not None:
+        errors.append(f"{where}: validValues and validRange are mutually exclusive")
+    if (values or bounds is not None) and default is None:
+        errors.append(f"{where}.default: required with validValues or validRange")
+    if default is not None and default > total:
+        errors.append(f"{where}.default: larger than the capacity value {capacity}")
+    if values:
+        if len(values) > 10:
+            errors.append(f"{where}.validValues: {len(values)} entries > 10")
+        if values != sorted(set(values)):
+            errors.append(f"{where}.validValues: must be ascending without duplicates")
+        if default is not None and default not in values:
+            errors.append(f"{where}.validValues: must contain the default")
+    if bounds is not None:
+        if low is None:
+            errors.append(f"{where}.validRange.min: required")
+        elif default is not None:
+            if default < low or (high is not None and default > high):
+                errors.append(f"{where}.default: outside validRange")
+            if step is not None and (default - low) % step:
+                errors.append(f"{where}.default: not min + n*step")
+            if step is not None and high is not None and (high - low) % step:
+                errors.append(f"{where}.validRange.max: not min + n*step")
+        if step is not None and step <= 0:
+            errors.append(f"{where}.validRange.step: must be positive")
     return errors

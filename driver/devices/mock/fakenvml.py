@@ -25,8 +25,11 @@ import sys
 import threading
 from ctypes import CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
+
+from driver.devices.mock.gpustate import GpuStateStore
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 MAX_MIG_DEVICES = 7
@@ -124,8 +127,12 @@ class FakeNvmlLibrary:
     """What nvidia-ml-py finds where it expects `libnvidia-ml.so.1`."""
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int,
-                 nv: ModuleType) -> None:
+                 nv: ModuleType, state: GpuStateStore | None = None) -> None:
         self.gpus = gpus
+        # Settings a GPU keeps across processes (compute mode); shared with the fake
+        # nvidia-smi. Without a mock root, kept in memory.
+        self.state = state
+        self._modes: dict[str, int] = {}
         self.driver_version = driver_version  # None: no driver installed (init fails)
         self.cuda = cuda
         self.nv = nv
@@ -395,6 +402,32 @@ class FakeNvmlLibrary:
         self._put(c_uint, out, mig.ci)
 
     @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetComputeMode(self, handle: int, out: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if mig is not None:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        self._put(c_uint, out, self.compute_mode(gpu))
+
+    @_export(c_void_p, c_uint)
+    def _nvmlDeviceSetComputeMode(self, handle: int, mode: int) -> None:
+        gpu, mig = self._resolve(handle)
+        if mig is not None:  # a MIG device has no compute mode of its own
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        if mode == self.nv.NVML_COMPUTEMODE_EXCLUSIVE_THREAD:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")  # removed from current drivers
+        if mode >= self.nv.NVML_COMPUTEMODE_COUNT:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        if self.state is not None:
+            self.state.update(gpu.uuid, compute_mode=mode)
+        else:
+            self._modes[gpu.uuid] = mode
+
+    def compute_mode(self, gpu: FakeGpu) -> int:
+        if self.state is not None:
+            return self.state.get(gpu.uuid).compute_mode
+        return self._modes.get(gpu.uuid, self.nv.NVML_COMPUTEMODE_DEFAULT)
+
+    @_export(c_void_p, c_void_p)
     def _nvmlDeviceGetAttributes_v2(self, handle: int, out: int) -> None:
         _, mig = self._resolve(handle)
         if mig is None:  # NVML: "currently only supports MIG device handles"
@@ -480,10 +513,13 @@ def _branch(driver_version: str | None) -> int | None:
         return None
 
 
-def load(gpus: list[FakeGpu], driver_version: str | None, cuda: int) -> tuple[ModuleType, FakeNvmlLibrary]:
-    """nvidia-ml-py bound to a fake library for these GPUs: (the pynvml module, the library)."""
+def load(gpus: list[FakeGpu], driver_version: str | None, cuda: int,
+         root: Path | None = None) -> tuple[ModuleType, FakeNvmlLibrary]:
+    """nvidia-ml-py bound to a fake library for these GPUs: (the pynvml module, the library).
+    With the mock node's `root`, device settings persist there (driver/devices/mock/gpustate.py)."""
     nv = bindings()
-    library = FakeNvmlLibrary(gpus, driver_version, cuda, nv)
+    library = FakeNvmlLibrary(gpus, driver_version, cuda, nv,
+                              GpuStateStore(root) if root is not None else None)
     nv.nvmlLib = library
     return nv, library
 

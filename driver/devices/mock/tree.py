@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import stat
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -55,13 +57,22 @@ class MockNode:
 
 
 def build(profile: Profile, root: Path) -> MockNode:
-    """(Re)create the trees under `root`; anything there before is replaced, except the boot
-    id: a driver restart is not a reboot (tests simulate one by changing that file)."""
+    """(Re)create the trees under `root`; anything there before is replaced, except what a
+    driver restart does not change on a real node: the boot id (tests simulate a reboot by
+    changing that file) and the GPUs' settings (gpu-state/, which carry the boot id)."""
     root = root.absolute()
     boot_id_file = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
     boot_id = boot_id_file.read_text().strip() if boot_id_file.is_file() else str(uuid.uuid4())
+    kept = None
+    if (root / GPU_STATE).is_dir():
+        kept = root.with_name(f".{root.name}-{GPU_STATE}-{os.getpid()}")
+        shutil.rmtree(kept, ignore_errors=True)
+        (root / GPU_STATE).rename(kept)
     if root.exists():
         shutil.rmtree(root)
+    if kept is not None:
+        root.mkdir(parents=True)
+        kept.rename(root / GPU_STATE)
     writer = _Writer(root)
     writer.write_profile(profile, boot_id)
     (root / STAMP).write_text(_fingerprint(profile))
@@ -70,6 +81,7 @@ def build(profile: Profile, root: Path) -> MockNode:
 
 
 STAMP = ".profile"
+GPU_STATE = "gpu-state"  # driver/devices/mock/gpustate.py
 PCI_IDS = Path("usr/share/hwdata/pci.ids")  # below the mock root, as Debian's hwdata has it
 
 
@@ -78,7 +90,8 @@ def _fingerprint(profile: Profile) -> str:
 
 
 def _node(root: Path, writer: "_Writer", profile: Profile) -> MockNode:
-    nvml, library = fakenvml.load(writer.gpus, profile.driver_version, profile.cuda_driver_version)
+    nvml, library = fakenvml.load(writer.gpus, profile.driver_version, profile.cuda_driver_version,
+                                  root)
     return MockNode(root, root / "sys", root / "dev", root / "proc", nvml, root / "driver-root",
                     writer.interfaces, root / PCI_IDS, library)
 
@@ -210,10 +223,21 @@ class _Writer:
         lib = self.driver_root / "usr" / "lib" / "x86_64-linux-gnu"
         for name in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"):
             self.file(lib / f"{name}.{version}", f"mock {name} {version}")
-        smi = self.driver_root / "usr" / "bin" / "nvidia-smi"
+        bin_dir = self.driver_root / "usr" / "bin"
         count = len(self.gpus)
-        self.file(smi, f"#!/bin/sh\necho 'mock nvidia-smi: driver {version}, {count} GPU(s) on the node'")
-        smi.chmod(0o755)
+        # nvidia-smi stays a shell script, so that a container (busybox) can run it; the
+        # subcommand the driver uses goes to the mock's tool (driver/devices/mock/tools.py).
+        tool = f"{shlex.quote(sys.executable)} -m driver.devices.mock.tools"
+        root = shlex.quote(str(self.driver_root.parent))
+        self.file(bin_dir / "nvidia-smi", "\n".join((
+            "#!/bin/sh",
+            f'if [ "$1" = compute-policy ]; then exec {tool} --root {root} nvidia-smi "$@"; fi',
+            f"echo 'mock nvidia-smi: driver {version}, {count} GPU(s) on the node'",
+        )))
+        self.file(bin_dir / "nvidia-cuda-mps-control",
+                  f'#!/bin/sh\nexec {tool} --root {root} nvidia-cuda-mps-control "$@"')
+        for name in ("nvidia-smi", "nvidia-cuda-mps-control"):
+            (bin_dir / name).chmod(0o755)
 
     def root_complex(self, domain: str, bus: int) -> Path:
         path = self.sys / "devices" / f"pci{domain}:{bus:02x}"
@@ -241,6 +265,9 @@ class _Writer:
             memory_bytes=model.memory_mib * catalog.MIB, mig_capable=bool(model.mig),
             lost=card.lost, pci_device=model.pci_device,
         )
+        # As the GPU driver writes it; nvidia-smi's stand-in finds the node's GPUs here.
+        self.file(self.proc / "driver" / "nvidia" / "gpus" / bdf / "information",
+                  f"Model: \t\t {model.product}\nGPU UUID: \t {gpu.uuid}\nBus Location: \t {bdf}")
         caps = self.proc / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig"
         for k, profile_name in enumerate(card.mig):
             spec = model.mig[profile_name]

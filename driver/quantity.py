@@ -9,6 +9,9 @@ Rules (k8s.io/apimachinery/pkg/api/resource): the format follows the suffix that
 parsed (binary Ki..Ei, decimal n..E or none, or an exponent e<N>); a binary quantity that
 is below 1024 in magnitude or not a whole number is written in decimal form. Values are
 rounded up to nano units.
+
+The driver uses the same parser for sizes in user config and allocation results
+(`value()`), so that `20Gi`, `20480Mi` and `21474836480` are one size everywhere.
 """
 
 from __future__ import annotations
@@ -73,3 +76,8 @@ def _canonical(text: str) -> str:
     if fmt == "DecimalExponent":
         return f"{mantissa}e{exponent}" if exponent else str(mantissa)
     return f"{mantissa}{_SUFFIX_BY_EXPONENT[exponent]}"
+
+
+def value(text: str) -> Decimal:
+    """The number a quantity stands for (`1Gi` -> 1073741824, `100m` -> 0.1)."""
+    return parse(text)[0]
