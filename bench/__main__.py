@@ -157,6 +157,51 @@ def wait(predicate, timeout: float = 120) -> bool:
     return False
 
 
+def share_claim(api: ApiServer, device: str, memory: str, compute: str) -> Claim:
+    uid = str(uuid.uuid4())
+    name = f"s-{uid[:8]}"
+    api.put_claim(claim_allocated("default", name, uid, [
+        {"request": "r", "driver": DRIVER, "pool": NODE, "device": device, "shareID": str(uuid.uuid4()),
+         "consumedCapacity": {"memory": memory, "compute": compute}}]))
+    return Claim("default", name, uid)
+
+
+def bench_sharing(table: Table, rounds: int, exclusive_prepare: float) -> None:
+    """The first share of a GPU creates its MPS daemon pod and waits for the daemon (run by
+    the emulator's pod runner as a local process, as a kubelet would run the pod); later
+    shares only check and write. The last unprepare deletes the pod and waits for it."""
+    from driver.sim.pods import PodRunner
+
+    extra = ["--gpu-sharing", "consumable", "--mps-image", "bench", "--namespace", "bench"]
+    with ApiServer() as api, PodRunner(api, NODE, Path(tempfile.mkdtemp(prefix="dra-bench-pods-"))):
+        api.add_node(NODE)
+        driver = Driver(api, "h100x8", extra)
+        driver.start()
+        kubelet = driver.kubelet()
+        wait(lambda: len(api.state.slices) == 2)
+        first, later, last_out = [], [], []
+        for _ in range(rounds):
+            claims = [share_claim(api, GPU, "10Gi", "10") for _ in range(6)]
+            for i, claim in enumerate(claims):
+                t = time.perf_counter()
+                response = kubelet.prepare([claim], timeout=60)
+                (first if i == 0 else later).append(time.perf_counter() - t)
+                assert response.claims[claim.uid].error == "", response
+            for i, claim in enumerate(claims):
+                t = time.perf_counter()
+                kubelet.unprepare([claim], timeout=60)
+                if i == len(claims) - 1:
+                    last_out.append(time.perf_counter() - t)
+        f = table.latency("sharing: first share of a GPU (starts MPS daemon pod)", first)
+        later_median = table.latency("sharing: later share of the same GPU", later)
+        table.latency("sharing: last unprepare (stops the daemon pod)", last_out)
+        table.value("sharing: later share / exclusive prepare", f"{later_median / exclusive_prepare:.2f}x")
+        table.value("sharing: first share / later share", f"{f / later_median:.0f}x",
+                    "process start of the daemon dominates")
+        kubelet.close()
+        driver.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--runs", type=int, default=200)
@@ -251,6 +296,9 @@ def main() -> int:
         table.value(f"CPU during {args.idle_seconds:.0f} s idle", f"{driver.cpu_seconds() - cpu0:.2f} s")
         kubelet.close()
         driver.stop()
+
+    # -- GPU sharing: shares of consumable capacity under the GPU's MPS daemon ------------------
+    bench_sharing(table, max(10, runs // 10), p)
 
     # -- where a large node's publish time goes (in-process) ------------------------------------
     from driver.devices import mock

@@ -46,6 +46,9 @@ class PreparedDevice:
     config: dict = field(default_factory=dict)  # the decoded opaque config that applied
     share_id: str | None = None
     admin_access: bool = False  # allocated with adminAccess: may sit beside another claim
+    # consumedCapacity of a share (canonical quantities): its limits, and what the
+    # capacity check of the next share on the device adds up.
+    consumed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class ClaimRecord:
                     request=d["request"], pool=d["pool"], device=d["device"],
                     cdi_ids=tuple(d["cdi_ids"]), config=dict(d.get("config") or {}),
                     share_id=d.get("share_id"), admin_access=bool(d.get("admin_access", False)),
+                    consumed=dict(d.get("consumed") or {}),
                 )
                 for d in data["devices"]
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from driver import names
@@ -40,6 +40,7 @@ class AllocatedDevice:
     device: str
     share_id: str | None
     admin_access: bool = False
+    consumed: dict = field(default_factory=dict)  # consumedCapacity, as the server wrote it
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,21 @@ def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
     results = [r for r in devices.get("results") or [] if r.get("driver") == driver]
     if not results:
         raise ClaimError(f"claim {ref} has no devices allocated by driver {driver}")
-    allocated = tuple(
-        AllocatedDevice(str(r.get("request", "")), str(r.get("pool", "")),
-                        str(r.get("device", "")), r.get("shareID"), r.get("adminAccess") is True)
-        for r in results
-    )
+    allocated = []
+    for r in results:
+        consumed = r.get("consumedCapacity") or {}
+        if not isinstance(consumed, dict) or not all(isinstance(v, (str, int)) for v in consumed.values()):
+            raise ClaimError(f"claim {ref}: consumedCapacity of device {r.get('device')} is not a "
+                             "map of quantities")
+        share_id = r.get("shareID")
+        if share_id is not None and not (isinstance(share_id, str) and names.is_dns_label(share_id)):
+            raise ClaimError(f"claim {ref}: shareID {share_id!r} of device {r.get('device')} is "
+                             "not a UID")
+        allocated.append(AllocatedDevice(str(r.get("request", "")), str(r.get("pool", "")),
+                                         str(r.get("device", "")), share_id,
+                                         r.get("adminAccess") is True,
+                                         {str(k): str(v) for k, v in consumed.items()}))
+    allocated = tuple(allocated)
     configs = []
     entries = [c for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
     # Class configs first, claim configs after: later entries win (stable within a source).

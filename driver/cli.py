@@ -67,6 +67,14 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--cdi-root", type=Path, default=None, metavar="DIR",
                       help="where the demo's CDI specs go (default: /var/run/cdi where podman can "
                            "start a container, else a temporary directory)")
+    daemon = commands.add_parser("mps-control-daemon",
+                                 help="run a GPU's MPS control daemon (the driver's MPS pods run this)",
+                                 description="Start the node's nvidia-cuda-mps-control for one GPU, "
+                                             "apply the server defaults and stop it with `quit` on "
+                                             "SIGTERM. The driver creates the pods that run it.")
+    from driver import mps_daemon
+
+    mps_daemon.add_arguments(daemon)
     return top
 
 
@@ -81,6 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from driver import demo
 
         return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root)
+    if args.command == "mps-control-daemon":
+        from driver import mps_daemon
+
+        try:
+            return mps_daemon.run(args)
+        except mps_daemon.DaemonError as err:
+            print(f"dra-driver mps-control-daemon: {err}", file=sys.stderr)
+            return 1
     try:
         config = build(args, command=args.command)
         if args.command == RUN:
@@ -143,6 +159,6 @@ def run_discover(config: Config, output: str) -> int:
         sys.stdout.write(report.table(result.inventory, result.excluded, skipped))
         return 0
     pool = slices.PoolIdentity(config.driver_name, config.node_name)
-    objects = slices.build(result.inventory, pool, generation=1)
+    objects = slices.build(result.inventory, pool, generation=1, sharing=config.gpu_sharing)
     sys.stdout.write(report.as_json(objects) if output == "json" else report.as_yaml(objects))
     return 0

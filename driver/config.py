@@ -18,6 +18,7 @@ from driver.devices.mock import Profile, ProfileError, builtin_profiles
 from driver.devices.mock import load as load_profile
 from driver.devices.net import NicFilter, NicSelector
 from driver.kubelet import sockets
+from driver.slices import GPU_SHARING_MODES
 
 DEFAULT_DRIVER = "accel.dra.io"
 
@@ -98,6 +99,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("registration_timeout", "--registration-timeout", "REGISTRATION_TIMEOUT", "30",
            "seconds to wait for the kubelet to confirm a registration before offering a new "
            "registration socket (the kubelet never retries one by itself)"),
+    Option("gpu_sharing", "--gpu-sharing", "GPU_SHARING", "exclusive",
+           "how whole GPUs are published: exclusive (one claim each) or consumable (several "
+           "claims, each taking part of the memory and compute; Kubernetes >= 1.34 with the "
+           "DRAConsumableCapacity gate, on by default from 1.36)", commands=NODE),
+    Option("namespace", "--namespace", "POD_NAMESPACE", "default",
+           "the namespace this driver runs in; MPS control daemon pods are created there"),
+    Option("mps_image", "--mps-image", "MPS_IMAGE", "",
+           "container image of the MPS control daemon pods (the chart sets the driver's own "
+           "image); empty: claims that need MPS fail with a message saying so"),
+    Option("mps_start_timeout", "--mps-start-timeout", "MPS_START_TIMEOUT", "60",
+           "seconds a prepare waits for a new MPS control daemon to answer"),
+    Option("sharing_reconcile_interval", "--sharing-reconcile-interval",
+           "SHARING_RECONCILE_INTERVAL", "30",
+           "seconds between checks that shared GPUs are set up as their claims need (a dead "
+           "MPS daemon is restarted, an orphan one stopped)"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -129,6 +145,11 @@ class Config:
     ignored_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
     xid_recovery_seconds: float = 0.0
     registration_timeout: float = 30.0
+    gpu_sharing: str = "exclusive"
+    namespace: str = "default"
+    mps_image: str = ""
+    mps_start_timeout: float = 60.0
+    sharing_reconcile_interval: float = 30.0
 
     @property
     def plugin_dir(self) -> Path:
@@ -295,6 +316,16 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
     if metrics_port and metrics_port == healthz_port:
         raise ConfigError(f"{source['metrics_port']} and {source['healthz_port']}: both are "
                           f"{metrics_port}; metrics and probes need two ports")
+    gpu_sharing = str(raw["gpu_sharing"]).strip().lower()
+    if gpu_sharing not in GPU_SHARING_MODES:
+        raise ConfigError(f"{source['gpu_sharing']}: {raw['gpu_sharing']!r} is not one of "
+                          f"{', '.join(GPU_SHARING_MODES)}")
+    namespace = str(raw["namespace"])
+    if not names.is_dns_label(namespace):
+        raise ConfigError(f"{source['namespace']}: {namespace!r} is not a namespace name")
+    mps_image = str(raw["mps_image"] or "").strip()
+    if any(c.isspace() for c in mps_image):
+        raise ConfigError(f"{source['mps_image']}: {mps_image!r} is not an image reference")
     pod_uid = raw["pod_uid"]
     if pod_uid is not None and not names.is_dns_label(pod_uid.lower()):
         raise ConfigError(f"{source['pod_uid']}: {pod_uid!r} is not a pod UID")
@@ -330,6 +361,11 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         xid_recovery_seconds=0.0 if str(raw["xid_recovery_seconds"]) == "0"
         else get("xid_recovery_seconds", _seconds),
         registration_timeout=get("registration_timeout", _seconds),
+        gpu_sharing=gpu_sharing,
+        namespace=namespace,
+        mps_image=mps_image,
+        mps_start_timeout=get("mps_start_timeout", _seconds),
+        sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
     )
     for label, source_name, candidates in (
         ("registration socket", source["kubelet_registrar_dir"],

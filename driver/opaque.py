@@ -9,6 +9,11 @@ config:
       apiVersion: accel.dra.io/v1alpha1
       kind: GpuConfig
       env: {NCCL_DEBUG: INFO}
+      sharing:                      # optional; field names as in NVIDIA's GpuConfig
+        strategy: MPS               # or TimeSlicing (whole GPUs only)
+        mpsConfig:
+          defaultActiveThreadPercentage: 50
+          defaultPinnedDeviceMemoryLimit: 20Gi
 ```
 
 Decoding is strict: an unknown kind, an unknown field or a wrongly typed value is an
@@ -22,6 +27,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from driver import quantity
 from driver.devices.model import DeviceKind
 
 API_VERSION = "accel.dra.io/v1alpha1"
@@ -35,9 +41,38 @@ class ConfigDecodeError(ValueError):
     pass
 
 
+TIME_SLICING, MPS = "TimeSlicing", "MPS"
+STRATEGIES = (TIME_SLICING, MPS)
+# nvidia-smi compute-policy --set-timeslice takes these numbers (NVIDIA's driver maps the
+# names the same way); the milliseconds behind them are the GPU driver's business.
+INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+MIN_PINNED_MEMORY = 1 << 20  # MPS takes limits in whole MiB
+
+
+@dataclass(frozen=True)
+class TimeSlicingConfig:
+    interval: str = "Default"
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    # Server-wide defaults of the GPU's MPS control daemon (set_default_* commands);
+    # None leaves the MPS default (100 %, no pinned-memory limit).
+    defaultActiveThreadPercentage: int | None = None
+    defaultPinnedDeviceMemoryLimit: str | None = None  # a quantity, canonical form
+
+
+@dataclass(frozen=True)
+class Sharing:
+    strategy: str
+    timeSlicingConfig: TimeSlicingConfig | None = None
+    mpsConfig: MpsConfig | None = None
+
+
 @dataclass(frozen=True)
 class GpuConfig:
     env: Mapping[str, str] = field(default_factory=dict)
+    sharing: Sharing | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +144,8 @@ def decode(parameters: Any) -> DeviceConfig:
         raise ConfigDecodeError(f"{kind}: unknown field(s) {', '.join(unknown)}")
     if "env" in fields:
         fields["env"] = _env(kind, fields["env"])
+    if "sharing" in fields:
+        fields["sharing"] = _sharing(f"{kind}.sharing", fields["sharing"])
     for name, value in fields.items():
         if name in _BOOL_FIELDS and not isinstance(value, bool):
             raise ConfigDecodeError(f"{kind}.{name} must be true or false, got {value!r}")
@@ -132,3 +169,62 @@ def _env(kind: str, env: Any) -> dict[str, str]:
         if key.startswith("DRA_"):
             raise ConfigDecodeError(f"{kind}.env.{key}: DRA_* variables are set by the driver")
     return dict(env)
+
+
+def _fields(where: str, value: Any, known: type) -> dict:
+    """A nested object: a map with only the dataclass's fields; null means absent."""
+    if not isinstance(value, dict):
+        raise ConfigDecodeError(f"{where} must be an object, got {value!r}")
+    unknown = sorted(set(value) - set(known.__dataclass_fields__))
+    if unknown:
+        raise ConfigDecodeError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _sharing(where: str, value: Any) -> Sharing | None:
+    if value is None:
+        return None
+    fields = _fields(where, value, Sharing)
+    strategy = fields.get("strategy")
+    if strategy not in STRATEGIES:
+        raise ConfigDecodeError(f"{where}.strategy must be one of {', '.join(STRATEGIES)}, "
+                                f"got {strategy!r}")
+    time_slicing = mps = None
+    if "timeSlicingConfig" in fields:
+        if strategy != TIME_SLICING:
+            raise ConfigDecodeError(f"{where}.timeSlicingConfig is set but strategy is {strategy}")
+        config = _fields(f"{where}.timeSlicingConfig", fields["timeSlicingConfig"], TimeSlicingConfig)
+        interval = config.get("interval", "Default")
+        if interval not in INTERVALS:
+            raise ConfigDecodeError(f"{where}.timeSlicingConfig.interval must be one of "
+                                    f"{', '.join(INTERVALS)}, got {interval!r}")
+        time_slicing = TimeSlicingConfig(interval)
+    if "mpsConfig" in fields:
+        if strategy != MPS:
+            raise ConfigDecodeError(f"{where}.mpsConfig is set but strategy is {strategy}")
+        mps = _mps(f"{where}.mpsConfig", fields["mpsConfig"])
+    return Sharing(strategy, time_slicing, mps)
+
+
+def _mps(where: str, value: Any) -> MpsConfig:
+    config = _fields(where, value, MpsConfig)
+    percentage = config.get("defaultActiveThreadPercentage")
+    if percentage is not None and (isinstance(percentage, bool) or not isinstance(percentage, int)
+                                   or not 1 <= percentage <= 100):
+        raise ConfigDecodeError(f"{where}.defaultActiveThreadPercentage must be an integer "
+                                f"from 1 to 100, got {percentage!r}")
+    limit = config.get("defaultPinnedDeviceMemoryLimit")
+    if limit is not None:
+        text = str(limit) if isinstance(limit, (str, int)) and not isinstance(limit, bool) else None
+        try:
+            size = quantity.value(text) if text is not None else None
+        except quantity.QuantityError:
+            size = None
+        if size is None:
+            raise ConfigDecodeError(f"{where}.defaultPinnedDeviceMemoryLimit {limit!r} is not a "
+                                    "quantity (for example 20Gi)")
+        if size < MIN_PINNED_MEMORY:
+            raise ConfigDecodeError(f"{where}.defaultPinnedDeviceMemoryLimit {limit!r} is below "
+                                    "1Mi, the smallest limit MPS takes")
+        limit = quantity.canonical(text)
+    return MpsConfig(percentage, limit)

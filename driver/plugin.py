@@ -40,6 +40,10 @@ from driver.locks import ProcessLock
 from driver.metrics import Metrics
 from driver.node import NodeRoots, open_node
 from driver.prepare import Preparer
+from driver.prepare.devicestate import DeviceStates
+from driver.prepare.gpucontrol import GpuControl
+from driver.prepare.mps import MpsDaemons
+from driver.prepare.sharing import DeviceSharing
 from driver.probes import HttpEndpoint, Probes
 from driver.publisher import Publisher
 
@@ -109,6 +113,14 @@ class Plugin:
             return driver_files.mounts(holder.result.nvidia_driver_version)
 
         cdi_writer = CdiWriter(config.cdi_root, config.driver_name, instance)
+        boot_id = read_boot_id(node.proc)
+        sharing = DeviceSharing(
+            DeviceStates(config.state_dir, instance),
+            GpuControl(node.nvml, node.driver_root_local),
+            MpsDaemons(kube, config.driver_name, config.node_name, config.namespace,
+                       config.mps_image, config.state_dir, node.driver_root_host,
+                       config.mps_start_timeout),
+            boot_id, inventory)
         instance.forget_dead()  # after the sweeps above, which need to know who died
         preparer = Preparer(
             driver=config.driver_name,
@@ -117,10 +129,11 @@ class Plugin:
             claims=ClaimReader(kube),
             cdi_writer=cdi_writer,
             checkpoint=checkpoint,
-            boot_id=read_boot_id(node.proc),
+            boot_id=boot_id,
             dev_root=node.dev,
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
             driver_mounts=driver_mounts,
+            sharing=sharing,
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
@@ -128,7 +141,7 @@ class Plugin:
         health = HealthState(config.driver_name, inventory)
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,
-                              newer_instance=instance.newer_peer)
+                              newer_instance=instance.newer_peer, sharing=config.gpu_sharing)
         health.subscribe(publisher.trigger)
 
         def changed(new: DiscoveryResult) -> None:
@@ -167,6 +180,7 @@ class Plugin:
             asyncio.create_task(self.rediscovery.run(), name="rediscovery"),
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self.probes.heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._sharing_loop(), name="sharing"),
         ]
         if self.xid is not None:
             self.xid.start()
@@ -237,6 +251,17 @@ class Plugin:
                         retry_in=delay, socket=str(self.config.registration_socket))
             await asyncio.sleep(delay)
             await self._offer_registration()
+
+    async def _sharing_loop(self) -> None:
+        """Shared GPUs as the prepared claims need them: after a crash or reboot at once,
+        then periodically (a dead MPS daemon, a setup whose undo failed)."""
+        log = structlog.get_logger(component="sharing")
+        while True:
+            try:
+                await self.preparer.reconcile_sharing()
+            except Exception as err:  # a bug must not end the loop
+                log.exception("sharing_reconcile_failed", error=str(err))
+            await asyncio.sleep(self.config.sharing_reconcile_interval)
 
     async def _probe_loop(self) -> None:
         log = structlog.get_logger(component="health")

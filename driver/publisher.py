@@ -62,7 +62,7 @@ class PublishStats:
 # The device fields this driver writes. Anything else in a listed slice (defaults a newer
 # API server adds) is not ours and must not look like a difference: otherwise every
 # reconcile would rewrite the slice and its watch event would trigger the next rewrite.
-_DEVICE_FIELDS = ("attributes", "capacity", "taints")
+_DEVICE_FIELDS = ("attributes", "capacity", "taints", "allowMultipleAllocations")
 
 
 def _quantity(value: Any) -> Any:
@@ -77,10 +77,26 @@ def _device(device: dict) -> dict:
     fields = {k: body[k] for k in _DEVICE_FIELDS if body.get(k)}
     if isinstance(fields.get("capacity"), dict):
         fields["capacity"] = {
-            name: ({**c, "value": _quantity(c.get("value"))} if isinstance(c, dict) else c)
+            name: (_capacity(c) if isinstance(c, dict) else c)
             for name, c in fields["capacity"].items()
         }
     return {"name": device.get("name"), **fields}
+
+
+def _capacity(capacity: dict) -> dict:
+    """A capacity entry with every quantity (value and request policy) compared by value."""
+    out = {**capacity, "value": _quantity(capacity.get("value"))}
+    policy = capacity.get("requestPolicy")
+    if isinstance(policy, dict):
+        policy = dict(policy)
+        if "default" in policy:
+            policy["default"] = _quantity(policy["default"])
+        if isinstance(policy.get("validRange"), dict):
+            policy["validRange"] = {k: _quantity(v) for k, v in policy["validRange"].items()}
+        if isinstance(policy.get("validValues"), list):
+            policy["validValues"] = [_quantity(v) for v in policy["validValues"]]
+        out["requestPolicy"] = policy
+    return out
 
 
 def _node_owners(obj: dict) -> list:
@@ -131,6 +147,10 @@ class Publisher:
     node_uid: str | None = None
     metrics: Any = None  # driver.metrics.Metrics, optional
     taints_supported: bool = True
+    # --gpu-sharing; falls back to exclusive where the server drops the consumable-capacity
+    # fields (gate DRAConsumableCapacity off, or a server older than 1.34).
+    sharing: str = slices.EXCLUSIVE
+    sharing_supported: bool = True
     # The newest live instance of this driver on the node that started after us, if any
     # (driver/instance.py); while there is one, it publishes and we do not.
     newer_instance: Callable[[], Any] = lambda: None
@@ -198,7 +218,8 @@ class Publisher:
         # v1beta1 (1.32) has no device taints; where the server drops them (feature gate
         # off) we stop sending them rather than rewriting the slice forever.
         taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
-        desired = slices.build(self.inventory(), pool, current, self.api_version, taints)
+        sharing = self.sharing if self.sharing_supported else slices.EXCLUSIVE
+        desired = slices.build(self.inventory(), pool, current, self.api_version, taints, sharing)
         want = _partition(desired)
         have = _partition(existing.values())
         # What we last published, if this process published: then an external edit or
@@ -266,6 +287,14 @@ class Publisher:
             self.taints_supported = False
             self.log.warning("device_taints_unsupported",
                              hint="enable the DRADeviceTaints feature gate to publish unhealthy devices as taints")
+        sent = any(d.get("allowMultipleAllocations") for d in obj["spec"]["devices"])
+        kept = any(d.get("allowMultipleAllocations")
+                   for d in (stored or {}).get("spec", {}).get("devices", []))
+        if sent and not kept and self.sharing_supported:
+            self.sharing_supported = False
+            self.log.warning("consumable_capacity_unsupported", publishing="exclusive",
+                             hint="the API server dropped allowMultipleAllocations: enable the "
+                                  "DRAConsumableCapacity feature gate (on by default from 1.36)")
         if self.metrics is not None:
             self.metrics.publish_writes.inc()
         return 1

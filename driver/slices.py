@@ -11,13 +11,19 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from driver import names
+from driver import names, quantity
 from driver.devices.model import AttributeValue, Device, DeviceKind, Inventory, Version
 
 API_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # preferred first
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, when any device of the slice has taints
+
+# --gpu-sharing: how whole GPUs are published.
+EXCLUSIVE, CONSUMABLE = "exclusive", "consumable"
+GPU_SHARING_MODES = (EXCLUSIVE, CONSUMABLE)
+COMPUTE = "compute"  # consumable capacity: percent of the GPU's SMs (100 = all of it)
+MEMORY_STEP = 1 << 30  # shares of GPU memory come in whole GiB
 
 
 @dataclass(frozen=True)
@@ -37,14 +43,48 @@ def attribute_value(value: AttributeValue) -> dict:
     return {"string": value}
 
 
-def device_body(device: Device, api_version: str, taints: Sequence[dict] = ()) -> dict:
+def consumable(device: Device, api_version: str) -> bool:
+    """Whether `device` is published for several allocations (KEP-5075): whole GPUs in
+    consumable mode, with a server that has the fields (v1beta1 of 1.32/1.33 does not)."""
+    return device.kind is DeviceKind.GPU and api_version != "v1beta1" and "memory" in device.capacity
+
+
+def consumable_capacity(device: Device) -> dict:
+    """memory and compute, each with a request policy whose default is the whole device,
+    so that a claim that asks for nothing still gets the GPU alone."""
+    memory = int(quantity.value(device.capacity["memory"]))
+    # The default must be min + n*step: the largest whole GiB. What is left below one GiB
+    # cannot be requested by anyone (the minimum is 1Gi), so the GPU stays unshared.
+    default_memory = max(MEMORY_STEP, memory - memory % MEMORY_STEP)
+    capacity = {key: {"value": q} for key, q in device.capacity.items()}
+    capacity["memory"]["requestPolicy"] = {
+        "default": _binary(default_memory),
+        "validRange": {"min": "1Gi", "step": "1Gi"},
+    }
+    capacity[COMPUTE] = {"value": "100", "requestPolicy": {
+        "default": "100", "validRange": {"min": "1", "step": "1"}}}
+    return dict(sorted(capacity.items()))
+
+
+def _binary(size: int) -> str:
+    return quantity.canonical(f"{size >> 20}Mi") if size % (1 << 20) == 0 else str(size)
+
+
+def device_body(device: Device, api_version: str, taints: Sequence[dict] = (),
+                sharing: str = EXCLUSIVE) -> dict:
     attributes = {key: attribute_value(v) for key, v in sorted(device.attributes.items())}
-    capacity = {key: {"value": q} for key, q in sorted(device.capacity.items())}
+    shared = sharing == CONSUMABLE and consumable(device, api_version)
+    if shared:
+        capacity = consumable_capacity(device)
+    else:
+        capacity = {key: {"value": q} for key, q in sorted(device.capacity.items())}
     fields: dict = {}
     if attributes:
         fields["attributes"] = attributes
     if capacity:
         fields["capacity"] = capacity
+    if shared:
+        fields["allowMultipleAllocations"] = True
     if taints:
         fields["taints"] = [dict(t) for t in taints]
     if api_version == "v1beta1":
@@ -69,6 +109,7 @@ def build(
     generation: int,
     api_version: str = "v1",
     taints: Mapping[str, Sequence[dict]] | None = None,
+    sharing: str = EXCLUSIVE,
 ) -> list[dict]:
     """The complete set of slices for the node's pool at one generation."""
     if api_version not in API_VERSIONS:
@@ -101,7 +142,8 @@ def build(
                 "nodeName": pool.node_name,
                 "pool": {"name": pool.node_name, "generation": generation,
                          "resourceSliceCount": len(chunks)},
-                "devices": [device_body(d, api_version, taints.get(d.name, ())) for d in devices],
+                "devices": [device_body(d, api_version, taints.get(d.name, ()), sharing)
+                            for d in devices],
             },
         })
     return slices

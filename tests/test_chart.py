@@ -53,8 +53,8 @@ def test_default_render_is_valid():
     objects = render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}})
     validate_all(objects)
     assert sorted(o["kind"] for o in objects) == sorted([
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
     ds, c, env = container(objects)
     assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
     assert ds["spec"]["template"]["spec"]["hostNetwork"] is False
@@ -238,10 +238,14 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
     from driver.publisher import Publisher
     from tests.test_publisher import Holder, Running
 
+    from driver.prepare.mps import MpsDaemons
+    from driver.prepare.setup import Setup
+    from driver.sim.pods import PodRunner
+
     (role,) = by_kind(render(), "ClusterRole")
     allowed = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    _, result = discover_profile("mixed", tmp_path / "m")
+    node, result = discover_profile("mixed", tmp_path / "m")
     with ApiServer() as api:
         api.add_node("node-a")
         kube = Kube(api_client(api.kubeconfig(tmp_path)))
@@ -261,5 +265,20 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
         api.put_claim(claim_allocated("default", "c", uid, []))
         ClaimReader(kube).get(ClaimRef("default", "c", uid))
         assert cli.main(["cleanup", "--node-name", "node-a", "--kubeconfig", str(api.kubeconfig(tmp_path))]) == 0
-        used = set(api.state.access)
-    assert used == allowed, f"unused grants: {allowed - used}; missing grants: {used - allowed}"
+        cluster_wide = set(api.state.access)
+        # MPS control daemons: started, found, stopped, in the driver's namespace only.
+        with PodRunner(api, "node-a", tmp_path / "pods"):
+            daemons = MpsDaemons(kube, DRIVER, "node-a", "dra-system", "img", tmp_path / "state",
+                                 node.driver_root, start_timeout=20)
+            gpu = next(d for d in result.inventory.devices if d.kind is DeviceKind.GPU)
+            daemons.start(gpu.name, str(gpu.attributes["uuid"]), Setup("MPS"))
+            assert len(daemons.pods()) == 1
+            daemons.stop(gpu.name)
+        namespaced = set(api.state.access) - cluster_wide
+    assert cluster_wide == allowed, \
+        f"unused grants: {allowed - cluster_wide}; missing grants: {cluster_wide - allowed}"
+    (mps_role,) = by_kind(render(), "Role")
+    assert mps_role["metadata"]["namespace"] == "dra-system"
+    granted = {(verb, group, resource) for rule in mps_role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert namespaced == granted, f"unused: {granted - namespaced}; missing: {namespaced - granted}"

@@ -79,3 +79,51 @@ def test_container_gets_devices_and_env(container_tools, rootfs):
             driver.kill()
             dirs.cleanup()
         assert not list(Path("/var/run/cdi").glob(f"{driver_name}-*"))
+
+
+def test_two_shares_of_one_gpu_under_mps_in_real_containers(container_tools, rootfs):
+    """Two claims share one mock GPU under its MPS daemon: each container sees the daemon's
+    pipe directory (the control socket itself) and its own limits."""
+    from driver.sim.pods import PodRunner
+    from tests.test_sharing import MPS_ARGS
+
+    driver_name = f"e2e-{uuid.uuid4().hex[:8]}.accel.dra.io"
+    dirs = DriverDirs.make()
+    with ApiServer() as api, PodRunner(api, "node-a", dirs.root / "pods"):
+        driver = DriverProcess(api, dirs, driver=driver_name, cdi_root=Path("/var/run/cdi"),
+                               extra=MPS_ARGS).start()
+        kubelet = driver.kubelet()
+        claims = []
+        for name, memory, compute in (("share-a", "20Gi", "30"), ("share-b", "30Gi", "50")):
+            claims.append((new_claim(api, name, [{
+                "request": "gpu", "driver": driver_name, "pool": "node-a", "device": GPU,
+                "shareID": str(uuid.uuid4()),
+                "consumedCapacity": {"memory": memory, "compute": compute}}]), memory, compute))
+        try:
+            seen = []
+            for claim, memory, compute in claims:
+                entry = kubelet.prepare([claim]).claims[claim.uid]
+                assert entry.error == "", entry.error
+                cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+                proc = podman_run(rootfs, cdi_ids,
+                                  "echo pipe=$CUDA_MPS_PIPE_DIRECTORY; stat -c '%n %F' /tmp/nvidia-mps/control; "
+                                  "echo threads=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; "
+                                  "echo pinned=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; "
+                                  f"touch /dev/shm/probe-{claim.name} && echo shm=writable")
+                assert proc.returncode == 0, proc.stderr
+                seen.append(proc.stdout)
+                mib = int(memory.removesuffix("Gi")) * 1024
+                assert "pipe=/tmp/nvidia-mps" in proc.stdout
+                assert "/tmp/nvidia-mps/control socket" in proc.stdout, "the daemon's control socket"
+                assert f"threads={compute}" in proc.stdout and f"pinned=0={mib}M" in proc.stdout
+                assert "shm=writable" in proc.stdout
+            # Both containers wrote into the one /dev/shm the daemon shares with its clients.
+            assert len(list((dirs.state / "mps" / GPU / "shm").glob("probe-*"))) == 2
+        finally:
+            for claim, _, _ in claims:
+                kubelet.unprepare([claim])
+            kubelet.close()
+            driver.kill()
+            for spec in Path("/var/run/cdi").glob(f"{driver_name}-*.json"):
+                spec.unlink()
+    dirs.cleanup()

@@ -7,7 +7,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.sim.allocator import Unsatisfiable, allocate
+from driver import opaque, slices
+from driver.devices.model import DeviceKind
+from driver.sim.allocator import Shares, Unsatisfiable, allocate
 from driver.sim.cel import matches
 from tests.conftest import REPO
 from tests.test_chart import by_kind, render
@@ -25,7 +27,11 @@ INTENT = {
     "fpga-by-shell": ("alveo", {"fpga"}),
     "sriov-vf-rdma": ("sriov", {"nic"}),
     "prioritized-gpu": ("l4", {"gpu"}),
+    "gpu-timeslicing": ("mixed", {"gpu"}),
+    "gpu-mps-shared-claim": ("mixed", {"gpu"}),
+    "gpu-consumable": ("mixed", {"gpu"}),
 }
+CLAIM_KINDS = {"ResourceClaim", "ResourceClaimTemplate"}
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +40,20 @@ def classes():
     return {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"]["selectors"]] for c in objects}
 
 
+def claim_specs(docs) -> list[dict]:
+    return [d["spec"]["spec"] if d["kind"] == "ResourceClaimTemplate" else d["spec"]
+            for d in docs if d["kind"] in CLAIM_KINDS]
+
+
 def load(name):
     docs = list(yaml.safe_load_all((EXAMPLES / name / "claim.yaml").read_text()))
-    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
-    return docs, template["spec"]["spec"]
+    return docs, claim_specs(docs)[0]
+
+
+def consumable_shares(inventory) -> Shares:
+    """What `--gpu-sharing consumable` publishes for the GPUs of an inventory."""
+    return Shares({d.name: slices.consumable_capacity(d) for d in inventory.devices
+                   if d.kind is DeviceKind.GPU})
 
 
 def test_every_example_folder_is_covered():
@@ -48,15 +64,26 @@ def test_every_example_folder_is_covered():
 @pytest.mark.parametrize("name", sorted(INTENT))
 def test_example_validates(name):
     docs, _ = load(name)
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["Pod", "ResourceClaimTemplate"]
+    kinds = {d["kind"] for d in docs}
+    assert "Pod" in kinds and kinds & CLAIM_KINDS and kinds <= {"Pod"} | CLAIM_KINDS
     for doc in docs:
         for version in ("1.34.0", "1.37.0"):
             kubernetes_validate.validate(doc, version, strict=True)
-    pod = next(d for d in docs if d["kind"] == "Pod")
-    claim_names = {c["name"] for c in pod["spec"]["resourceClaims"]}
-    for c in pod["spec"]["containers"]:
-        assert {r["name"] for r in c["resources"]["claims"]} <= claim_names
+    named = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for pod in (d for d in docs if d["kind"] == "Pod"):
+        for ref in pod["spec"]["resourceClaims"]:
+            if "resourceClaimTemplateName" in ref:
+                assert ("ResourceClaimTemplate", ref["resourceClaimTemplateName"]) in named
+            else:
+                assert ("ResourceClaim", ref["resourceClaimName"]) in named
+        claim_names = {c["name"] for c in pod["spec"]["resourceClaims"]}
+        for c in pod["spec"]["containers"]:
+            assert {r["name"] for r in c["resources"]["claims"]} <= claim_names
+    # The driver decodes every opaque config of ours (as prepare will).
+    for spec in claim_specs(docs):
+        for config in spec["devices"].get("config", []):
+            if config["opaque"]["driver"] == DRIVER:
+                opaque.decode(config["opaque"]["parameters"])
 
 
 @pytest.mark.parametrize("name", sorted(INTENT))
@@ -64,7 +91,7 @@ def test_example_selects_the_intended_devices(name, built, classes):
     profile, kinds = INTENT[name]
     _, spec = load(name)
     inventory = built(profile)[1].inventory
-    choices = allocate(spec, inventory, classes, DRIVER)
+    choices = allocate(spec, inventory, classes, DRIVER, shares=consumable_shares(inventory))
     chosen = [d for c in choices for d in c.devices]
     assert chosen and {d.kind.value for d in chosen} == kinds
     # No request selects a device of a kind it is not meant for, on any profile.
@@ -94,3 +121,21 @@ def test_alignment_and_priorities(built, classes):
     _, model = load("gpu-by-model")
     with pytest.raises(Unsatisfiable):
         allocate(model, built("a100-mig")[1].inventory, classes, DRIVER)
+
+
+def test_consumable_example_packs_three_shares_onto_one_gpu(built, classes):
+    docs, _ = load("gpu-consumable")
+    inventory = built("mixed")[1].inventory
+    shares = consumable_shares(inventory)
+    picked = []
+    for spec in claim_specs(docs):
+        (choice,) = allocate(spec, inventory, classes, DRIVER, shares=shares)
+        picked.append((choice.devices[0].name, choice.consumed[0]))
+    assert len({device for device, _ in picked}) == 1, picked
+    assert all(consumed == {"memory": "20Gi", "compute": "30"} for _, consumed in picked)
+    # A fourth 30 % share would exceed 100 % compute: it goes to the other GPU.
+    (fourth,) = allocate(claim_specs(docs)[0], inventory, classes, DRIVER, shares=shares)
+    assert fourth.devices[0].name != picked[0][0]
+    # Without consumable publishing, capacity requests fit nowhere.
+    with pytest.raises(Unsatisfiable):
+        allocate(claim_specs(docs)[0], inventory, classes, DRIVER)

@@ -190,7 +190,9 @@ def test_unknown_device(env):
 
 @pytest.mark.parametrize("parameters, fragment", [
     ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "TpuConfig"}, "unknown kind 'TpuConfig'"),
-    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "sharing": "mps"}, "unknown field(s) sharing"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "replicas": 4}, "unknown field(s) replicas"),
+    ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "sharing": "mps"},
+     "GpuConfig.sharing must be an object, got 'mps'"),
     ({"apiVersion": "v9", "kind": "GpuConfig"}, "apiVersion must be"),
     ("not-an-object", "parameters must be a JSON object"),
     ({"apiVersion": "accel.dra.io/v1alpha1", "kind": "GpuConfig", "env": {"A": 1}}, "env.A must be a string"),

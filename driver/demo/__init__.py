@@ -94,7 +94,11 @@ class Demo:
                 "--kubelet-registrar-dir", str(self.work / "registry"),
                 "--kubelet-plugins-dir", str(self.work / "plugins"), "--cdi-root", str(self.cdi_root),
                 "--state-dir", str(self.work / "state"), "--metrics-port", "0", "--healthz-port", "0",
-                "--log-format", "json"]
+                "--log-format", "json",
+                # Whole GPUs are published as shareable: a claim that asks for part of one
+                # gets a share, enforced through the GPU's MPS daemon (run by the pod runner).
+                "--gpu-sharing", "consumable", "--mps-image", "dra-accel-driver:demo",
+                "--namespace", "default"]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=_die_with_parent)
@@ -155,6 +159,7 @@ class Demo:
     def run(self, Unsatisfiable, allocate, allocation_config, allocation_results) -> int:
         from driver.sim.apiserver import ApiServer, claim_allocated
         from driver.sim.kubelet import Claim, FakeKubelet
+        from driver.sim.pods import PodRunner
 
         self.why_no_container = podman.ready()
         if self.cdi_root not in podman.SPEC_DIRS and self.why_no_container is None:
@@ -165,7 +170,7 @@ class Demo:
         kubelet = None
         prepared: list[Claim] = []
         try:
-            with ApiServer() as api:
+            with ApiServer() as api, PodRunner(api, NODE, self.work / "pods"):
                 api.add_node(NODE)
                 self.out(f"== API server emulator at {api.url}; driver state in {self.work}")
                 self.remove_stale_specs()
@@ -183,7 +188,7 @@ class Demo:
                 api.wait_for(lambda: bool(api.state.slices), timeout=30)
                 time.sleep(0.3)
                 stored = api.slices()
-                inventory = _inventory_from_slices(stored, self.driver)
+                inventory, shares = _inventory_from_slices(stored, self.driver)
                 self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
                          f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
                 classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
@@ -197,7 +202,7 @@ class Demo:
                         continue
                     spec = fill(claim.spec, self.driver)
                     try:
-                        choices = allocate(spec, inventory, classes, self.driver, taken)
+                        choices = allocate(spec, inventory, classes, self.driver, taken, shares)
                     except Unsatisfiable as error:
                         if self.from_file:
                             problems.append(f"claim {claim.name} cannot be allocated on profile "
@@ -208,13 +213,14 @@ class Demo:
                         continue
                     ran.add(claim.name)
                     results = allocation_results(choices, self.driver, NODE)
-                    taken |= {r["device"] for r in results}
+                    taken |= {r["device"] for r in results if "shareID" not in r}
                     ref = Claim("default", claim.name, f"{UID_PREFIX}{os.getpid()}-{uuid.uuid4()}")
                     self.ours.append(ref.uid)
                     api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
                                                   allocation_config(spec, self.driver)))
                     self.out(f"\n== claim {claim.name}: {claim.what}")
-                    self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}" for r in results))
+                    self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}{_share(r)}"
+                                                     for r in results))
                     entry = kubelet.prepare([ref]).claims[ref.uid]
                     if entry.error:
                         problems.append(f"claim {claim.name} failed to prepare: {entry.error}")
@@ -285,6 +291,9 @@ class Demo:
         self.out(f"   (no container: {self.why_no_container}) CDI spec {spec_file.name}:")
         for e in edits:
             self.out(f"     nodes {[n['path'] for n in e.get('deviceNodes', [])]}")
+            limits = [v for v in e.get("env", []) if v.startswith("CUDA_MPS_")]
+            if limits:
+                self.out(f"     MPS {' '.join(sorted(limits))}")
 
 
 
@@ -332,13 +341,25 @@ def _raise_stopped(signum, frame) -> None:
     raise Stopped()
 
 
-def _inventory_from_slices(stored: list[dict], driver: str) -> Inventory:
-    """Devices as the scheduler sees them: from the published slices, not from discovery."""
+def _share(result: dict) -> str:
+    consumed = result.get("consumedCapacity")
+    if not consumed:
+        return ""
+    return " (share " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+
+
+def _inventory_from_slices(stored: list[dict], driver: str):
+    """Devices as the scheduler sees them: from the published slices, not from discovery;
+    and the capacity of those that allow multiple allocations."""
     from driver.devices.model import Version
+    from driver.sim.allocator import Shares
 
     devices = []
+    shares = Shares()
     for obj in stored:
         for d in obj["spec"]["devices"]:
+            if d.get("allowMultipleAllocations"):
+                shares.capacity[d["name"]] = d.get("capacity", {})
             attrs = {}
             for key, value in d.get("attributes", {}).items():
                 (kind, v), = value.items()
@@ -346,4 +367,4 @@ def _inventory_from_slices(stored: list[dict], driver: str) -> Inventory:
             kind = DeviceKind(attrs["type"])
             devices.append(Device(d["name"], kind, attrs,
                                   {k: c["value"] for k, c in d.get("capacity", {}).items()}))
-    return Inventory(tuple(devices))
+    return Inventory(tuple(devices)), shares

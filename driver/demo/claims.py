@@ -33,6 +33,12 @@ def _request(name: str, kind: str, *selectors: str) -> dict:
     return {"name": name, "exactly": exactly}
 
 
+def _share(name: str, **capacity: str) -> dict:
+    request = _request(name, "gpu")
+    request["exactly"]["capacity"] = {"requests": capacity}
+    return request
+
+
 RDMA = 'device.attributes["{driver}"].rdma == true'
 
 BUILTIN: tuple[DemoClaim, ...] = (
@@ -51,6 +57,11 @@ BUILTIN: tuple[DemoClaim, ...] = (
     }}, fits="mixed, sriov, sriov-large"),
     DemoClaim("mig-slice", "one MIG device", {"devices": {"requests": [_request("mig", "mig")]}},
               fits="a100-mig"),
+    # Two claims packed onto one GPU, each with its own memory and compute limit (MPS).
+    DemoClaim("share-a", "20Gi and 30% of a GPU", {"devices": {"requests": [
+        _share("gpu", memory="20Gi", compute="30")]}}, fits="mixed, h100x8, l4"),
+    DemoClaim("share-b", "30Gi and 50% of a GPU, beside share-a", {"devices": {"requests": [
+        _share("gpu", memory="30Gi", compute="50")]}}, fits="mixed, h100x8"),
     # Fallbacks, so that every profile shows something of each kind it has.
     DemoClaim("one-gpu", "one GPU", {"devices": {"requests": [_request("gpu", "gpu")]}},
               instead_of=("gpu-nic-aligned",)),

@@ -9,8 +9,9 @@ from pathlib import Path
 
 # What the demo's containers print: the env the CDI specs set, the device nodes, and the
 # mock nvidia-smi the driver's CDI mounts bring in.
-SHOW = ("env | grep '^DRA_\\|^NCCL' | sort; "
+SHOW = ("env | grep '^DRA_\\|^NCCL\\|^CUDA_MPS' | sort; "
         "ls /dev/nvidia* /dev/infiniband/* /dev/dri/* /dev/dfl* 2>/dev/null; "
+        "[ -d /tmp/nvidia-mps ] && echo MPS pipe directory: $(ls /tmp/nvidia-mps); "
         "[ -x /usr/local/nvidia/bin/nvidia-smi ] && /usr/local/nvidia/bin/nvidia-smi; true")
 
 

@@ -22,24 +22,33 @@ the deterministic name does not; such records are still read as "not prepared".)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import structlog
 
-from driver import cdi, edits, opaque
+from driver import cdi, edits, opaque, quantity
 from driver.cdi import CdiDevice, CdiWriter
 from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
 from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
 from driver.devices.model import Device, Inventory
 from driver.locks import KeyedLocks, ProcessLock
+from driver.prepare.sharing import DeviceSharing, Use, use_of
 
 
 @dataclass(frozen=True)
 class PrepareOutcome:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+def cdi_name(claim_uid: str, device: str, share_id: str | None) -> str:
+    """Unique per claim, device and share: one claim may hold two shares of one GPU."""
+    return f"{claim_uid}-{device}" + (f"-{share_id}" if share_id else "")
 
 
 def base_request(request: str) -> str:
@@ -61,6 +70,7 @@ class Preparer:
         dev_root: Path,
         process_lock: ProcessLock,
         driver_mounts: Callable[[], tuple[cdi.Mount, ...]] = lambda: (),
+        sharing: DeviceSharing | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -72,6 +82,8 @@ class Preparer:
         self.dev_root = dev_root
         self.process_lock = process_lock
         self.driver_mounts = driver_mounts
+        self.sharing = sharing
+        self._sharing_lock = threading.RLock()
         self.locks = KeyedLocks()
         self.log = structlog.get_logger(component="prepare")
 
@@ -128,6 +140,16 @@ class Preparer:
         return await self._local(ref, self._prepare_locally, prepared, log)
 
     def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log) -> PrepareOutcome:
+        uses = self._uses(ref, prepared)
+        # Claims run in parallel threads; those that share a GPU are checked against each
+        # other and change the device, so they go one at a time (exclusive ones need not).
+        shared = any(u.setup is not None or u.share is not None for u in uses) or (
+            self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses}))
+        with self._sharing_lock if shared else contextlib.nullcontext():
+            return self._prepare_checked(ref, prepared, uses, shared, log)
+
+    def _prepare_checked(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
+                         uses: list[Use], shared: bool, log) -> PrepareOutcome:
         record = self._record(ref, log)
         reason = "prepared"
         if record is not None and record.state is State.PREPARE_COMPLETED:
@@ -135,32 +157,67 @@ class Preparer:
                 if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
                     log.debug("claim_already_prepared")
                     return PrepareOutcome(record.devices)
-                # Rebooted (tmpfs /var/run/cdi is empty, minors may differ) or spec
-                # deleted: rebuild from the allocation and today's hardware.
-                self._write(ref, prepared, log, reason="restored")
+                # Rebooted (tmpfs /var/run/cdi is empty, minors may differ, the GPU lost
+                # its settings) or spec deleted: rebuild from the allocation and today's
+                # hardware.
+                if shared:
+                    self._set_up(ref, uses)
+                self._write(ref, prepared, uses, log, reason="restored")
                 return PrepareOutcome(prepared)
             log.info("claim_reallocated", was=[d.device for d in record.devices],
                      now=[d.device for d in prepared])
             reason = "reprepared"
         self._check_exclusive(ref, prepared)
-        self._write(ref, prepared, log, reason=reason)
+        if shared:
+            self._set_up(ref, uses)
+        self._write(ref, prepared, uses, log, reason=reason)
         return PrepareOutcome(prepared)
+
+    def _uses(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> list[Use]:
+        inventory = self.inventory()
+        uses = []
+        for p in prepared:
+            device = inventory.get(p.device)
+            if device is None:
+                raise ClaimError(f"claim {ref}: device {p.device} is no longer on this node")
+            uses.append(use_of(str(ref), p, device))
+        return uses
+
+    def _set_up(self, ref: ClaimRef, uses: list[Use]) -> None:
+        """Check the claim's sharing against the other claims and set the devices up
+        (time-slice, compute mode, MPS daemon) before the spec that relies on it exists.
+        Only for claims that share a device or touch one with a recorded setup: exclusive
+        claims on clean devices skip it (no per-claim cost for them)."""
+        if self.sharing is None:
+            if any(u.setup is not None for u in uses):
+                raise ClaimError(f"claim {ref}: asks for GPU sharing, which this driver instance "
+                                 "cannot set up")
+            return
+        records = list(self.checkpoint.records())
+        plan = self.sharing.plan(str(ref), ref.uid, uses, records)
+        self.sharing.clear_leftovers(str(ref), ref.uid, [u.device.name for u in uses
+                                                         if u.device.name not in plan], records)
+        self.sharing.apply(str(ref), plan)
 
     def _check_exclusive(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> None:
         """A device prepared for one claim is not handed to another, unless one of the two
-        has admin access (monitoring beside a workload) or the scheduler allocated it as a
-        share (shareID: a device that allows multiple allocations)."""
-        wanted = {p.device: p for p in prepared if not p.admin_access and p.share_id is None}
+        has admin access (monitoring beside a workload) or both were allocated as shares
+        (shareID: a device that allows multiple allocations)."""
+        wanted = {p.device: p for p in prepared if not p.admin_access}
         if not wanted:
             return
         for other in self.checkpoint.records():
             if other.uid == ref.uid or other.state is not State.PREPARE_COMPLETED:
                 continue
             for held in other.devices:
-                if held.device in wanted and not held.admin_access and held.share_id is None:
+                mine = wanted.get(held.device)
+                if mine is None or held.admin_access:
+                    continue
+                if mine.share_id is None or held.share_id is None:
+                    how = "is not shared" if held.share_id is None else "is shared, and this claim asks for it whole"
                     raise ClaimError(
                         f"claim {ref}: device {held.device} is already prepared for claim "
-                        f"{other.namespace}/{other.name} (UID {other.uid}) and is not shared; "
+                        f"{other.namespace}/{other.name} (UID {other.uid}) and {how}; "
                         "it is prepared again only after that claim is unprepared")
 
     def _record(self, ref: ClaimRef, log) -> ClaimRecord | None:
@@ -183,16 +240,24 @@ class Preparer:
                 raise ClaimError(f"claim {ref}: device {result.device!r} does not exist on "
                                  f"node {self.pool}")
             config = self._config_for(ref, device, result.request, allocation)
-            cdi_name = f"{ref.uid}-{device.name}"
+            consumed = {}
+            for name, value in sorted(result.consumed.items()):
+                try:
+                    consumed[name] = quantity.canonical(value)
+                except quantity.QuantityError as err:
+                    raise ClaimError(f"claim {ref}: consumedCapacity {name} of device "
+                                     f"{device.name}: {err}") from err
             prepared.append(PreparedDevice(
                 request=result.request, pool=result.pool, device=device.name,
-                cdi_ids=(cdi.qualified_id(self.cdi.vendor, cdi_name),),
+                cdi_ids=(cdi.qualified_id(self.cdi.vendor, cdi_name(ref.uid, device.name,
+                                                                    result.share_id)),),
                 config=opaque.to_dict(config), share_id=result.share_id,
-                admin_access=result.admin_access,
+                admin_access=result.admin_access, consumed=consumed,
             ))
-        names = [p.device for p in prepared]
-        if len(set(names)) != len(names):
-            raise ClaimError(f"claim {ref}: a device is allocated twice: {sorted(names)}")
+        keys = [(p.device, p.share_id) for p in prepared]
+        if len(set(keys)) != len(keys):
+            names = sorted(p.device for p in prepared)
+            raise ClaimError(f"claim {ref}: a device is allocated twice: {names}")
         return tuple(prepared)
 
     def _config_for(self, ref: ClaimRef, device: Device, request: str,
@@ -214,20 +279,24 @@ class Preparer:
             chosen = config
         return chosen
 
-    def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], log, reason: str) -> None:
-        inventory = self.inventory()
+    def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], uses: list[Use], log,
+               reason: str) -> None:
         driver_mounts = self.driver_mounts()
         cdi_devices = []
-        for prepared in devices:
-            device = inventory.get(prepared.device)
-            if device is None:
-                raise ClaimError(f"claim {ref}: device {prepared.device} is no longer on this node")
+        for prepared, use in zip(devices, uses):
+            device = use.device
             config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
             container_edits = edits.build(device, config, claim=str(ref),
                                           request=base_request(prepared.request),
                                           dev_root=self.dev_root, driver_mounts=driver_mounts,
                                           admin_access=prepared.admin_access)
-            cdi_devices.append(CdiDevice(f"{ref.uid}-{device.name}", container_edits))
+            if self.sharing is not None:
+                env, mounts = self.sharing.container_edits(use, edits.env_prefix(device.name))
+                container_edits = dataclasses.replace(
+                    container_edits, env=container_edits.env + tuple(env),
+                    mounts=container_edits.mounts + tuple(mounts))
+            cdi_devices.append(CdiDevice(cdi_name(ref.uid, device.name, prepared.share_id),
+                                         container_edits))
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
         self.cdi.write(ref.uid, spec)
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name,
@@ -249,7 +318,28 @@ class Preparer:
             log.info("claim_unprepared")
         else:
             log.debug("claim_unprepare_unknown")
+        if self.sharing is None:
+            return ""
+        # Then what no prepared claim needs any more (this claim's MPS daemon, time slice,
+        # compute mode): a failure is returned, so the kubelet retries, and each retry
+        # (and the periodic reconcile) tries again, with or without a record.
+        with self._sharing_lock:
+            errors = self.sharing.release_unneeded(self.checkpoint.records())
+        if errors:
+            log.warning("device_setup_undo_failed", errors=errors)
+            return f"claim {ref}: unprepared, but " + "; ".join(errors)
         return ""
+
+    async def reconcile_sharing(self) -> list[str]:
+        """After a start and periodically: device setups match the prepared claims."""
+        if self.sharing is None:
+            return []
+        async with self.process_lock.hold():
+            return await asyncio.to_thread(self._reconcile_sharing)
+
+    def _reconcile_sharing(self) -> list[str]:
+        with self._sharing_lock:
+            return self.sharing.reconcile(list(self.checkpoint.records()))
 
     def prepared_claims(self) -> list[str]:
         return self.checkpoint.uids()

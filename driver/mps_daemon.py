@@ -1,0 +1,166 @@
+"""`dra-driver mps-control-daemon`: what runs in a GPU's MPS control daemon pod.
+
+It starts the node's `nvidia-cuda-mps-control -f` with the pipe and log directories and
+only this GPU visible, waits until the daemon answers, applies the server defaults the
+claims asked for (active thread percentage, pinned device memory limit), writes `ready`
+and then lives as long as the daemon. SIGTERM (the pod is deleted) sends `quit`, so the
+daemon ends its MPS servers the way MPS intends, not by a signal. If the daemon dies, so
+does this process, and the kubelet restarts the container.
+
+The daemon comes from the node's driver installation (--nvidia-driver-root): where that
+is a full root filesystem (the GPU operator's /run/nvidia/driver) it runs chrooted there,
+so that its libraries are the ones it was built with; else (the host's own /, mock nodes)
+it runs directly with the installation's library directories on LD_LIBRARY_PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver import quantity
+from driver.devices.nvlibs import LIBRARY_DIRS
+
+READY = "ready"
+CONTROL = "control"
+BINARY = "usr/bin/nvidia-cuda-mps-control"
+START_SECONDS = 30.0
+
+
+class DaemonError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class MpsPaths:
+    root: Path
+
+    @property
+    def pipe(self) -> Path:
+        return self.root / "pipe"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def shm(self) -> Path:
+        return self.root / "shm"
+
+    @property
+    def ready(self) -> Path:
+        return self.root / READY
+
+
+def control_answers(pipe: Path) -> bool:
+    """Whether a control daemon listens on the pipe directory (a connect, no command)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(str(pipe / CONTROL))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def _command(root: Path) -> tuple[list[str], dict[str, str]]:
+    env: dict[str, str] = {}
+    binary = root / BINARY
+    if not binary.exists():
+        raise DaemonError(f"{binary} not found: --nvidia-driver-root must name the NVIDIA "
+                          "driver installation")
+    if root != Path("/") and (root / "bin" / "sh").exists() and os.geteuid() == 0:
+        return ["chroot", str(root), "/" + BINARY, "-f"], env
+    libraries = [str(root / d) for d in LIBRARY_DIRS if (root / d).is_dir()]
+    if libraries:
+        env["LD_LIBRARY_PATH"] = ":".join(libraries + [os.environ.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    return [str(binary), "-f"], env
+
+
+def _control(root: Path, env: dict[str, str], commands: list[str]) -> str:
+    binary = root / BINARY
+    done = subprocess.run([str(binary)], input="\n".join(commands) + "\n", env=env,
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise DaemonError(f"nvidia-cuda-mps-control {commands}: "
+                          f"{' '.join((done.stderr or done.stdout).split())}")
+    return done.stdout
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = MpsPaths(Path(args.directory))
+    root = Path(args.nvidia_driver_root)
+    paths.ready.unlink(missing_ok=True)
+    for directory in (paths.pipe, paths.log):
+        directory.mkdir(parents=True, exist_ok=True)
+    command, extra = _command(root)
+    env = {**os.environ, **extra, "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe),
+           "CUDA_MPS_LOG_DIRECTORY": str(paths.log), "CUDA_VISIBLE_DEVICES": args.uuid}
+    daemon = subprocess.Popen(command, env=env)
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    deadline = time.monotonic() + START_SECONDS
+    while not control_answers(paths.pipe):
+        if daemon.poll() is not None or stopping:
+            break
+        if time.monotonic() > deadline:
+            print(f"mps-control-daemon: the daemon did not answer within {START_SECONDS:g}s",
+                  file=sys.stderr)
+            daemon.kill()
+            return 1
+        time.sleep(0.05)
+    if daemon.poll() is None and not stopping:
+        commands = []
+        if args.active_thread_percentage is not None:
+            commands.append(f"set_default_active_thread_percentage {args.active_thread_percentage}")
+        if args.pinned_memory_limit is not None:
+            mib = max(1, int(quantity.value(args.pinned_memory_limit)) >> 20)
+            # Device 0: CUDA_VISIBLE_DEVICES leaves the daemon this one GPU.
+            commands.append(f"set_default_device_pinned_mem_limit 0 {mib}M")
+        try:
+            if commands:
+                _control(root, env, commands)
+        except (DaemonError, OSError, subprocess.TimeoutExpired) as err:
+            print(f"mps-control-daemon: {err}", file=sys.stderr)
+            daemon.kill()
+            return 1
+        paths.ready.write_text(f"{daemon.pid}\n")
+        print(f"mps-control-daemon: ready for GPU {args.uuid} (pipe {paths.pipe})", flush=True)
+    while daemon.poll() is None:
+        if stopping:
+            paths.ready.unlink(missing_ok=True)
+            try:
+                _control(root, env, ["quit"])
+                daemon.wait(timeout=20)
+            except (DaemonError, OSError, subprocess.TimeoutExpired):
+                daemon.kill()
+            break
+        time.sleep(0.2)
+    paths.ready.unlink(missing_ok=True)
+    code = daemon.wait()
+    return 0 if stopping else (code or 1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--uuid", required=True, help="the GPU (or MIG device) UUID to serve")
+    parser.add_argument("--directory", required=True,
+                        help="the GPU's MPS directory (pipe/, log/ below it)")
+    parser.add_argument("--nvidia-driver-root", default="/",
+                        help="the NVIDIA driver installation that has nvidia-cuda-mps-control")
+    parser.add_argument("--active-thread-percentage", type=int, default=None)
+    parser.add_argument("--pinned-memory-limit", default=None, help="a quantity, e.g. 20Gi")
