@@ -146,7 +146,7 @@ NIC = "{type: nic, model: connectx-7"
     ("nvidia: {driverVersion: 550.54}\nroots: [{devices: [{type: gpu, model: l4}]}]", "nvidia.driverVersion: must be a string (quote it), got 550.54"),
     ("nvidia: {}\nroots: [{devices: [{type: gpu, model: l4, lost: 1}]}]", "roots[0].devices[0].lost: must be true or false"),
     ("roots: [{devices: [{type: dfl, model: d5005, afuId: not-hex}]}]", "roots[0].devices[0].afuId: must be 32 hexadecimal digits"),
-    ("roots: [{devices: [{type: gpu, model: h100}]}]", "unknown model 'h100'; known: a100-sxm4-40gb, h100-sxm5-80gb, h200, l4"),
+    ("roots: [{devices: [{type: gpu, model: h100}]}]", "unknown model 'h100'; known: a100-sxm4-40gb, a100-sxm4-80gb, h100-sxm5-80gb, h200, l4"),
     ("roots: [{devices: [{type: 7}]}]", "roots[0].devices[0].type: must be gpu, nic, alveo or dfl"),
     ("description: [a]\nroots: []", "description: must be a string"),
     (f"roots: [{{devices: [{NIC}, ifName: eth9}}, {NIC}, ifName: eth9}}]}}]", "roots[0].devices[1].ifName: interface name 'eth9' is already used by roots[0].devices[0].ifName"),

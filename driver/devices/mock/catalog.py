@@ -22,6 +22,72 @@ class MigProfile:
 
 
 @dataclass(frozen=True)
+class GiProfile:
+    """A GPU instance profile as NVML reports it (nvmlDeviceGetGpuInstanceProfileInfoV and
+    ...PossiblePlacements_v2): `index` is the NVML_GPU_INSTANCE_PROFILE_* value a caller
+    passes, `id` what the info struct returns; a placement is (start, memory_slices) in
+    the GPU's eight memory slices."""
+
+    name: str
+    index: int
+    id: int
+    compute_slices: int
+    memory_slices: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    starts: tuple[int, ...]
+
+
+def _gi_table(rows: list[tuple]) -> tuple[GiProfile, ...]:
+    return tuple(GiProfile(*row) for row in rows)
+
+
+# NVML_GPU_INSTANCE_PROFILE_ indices: 1_SLICE 0, 2_SLICE 1, 3_SLICE 2, 4_SLICE 3, 7_SLICE 4,
+# 1_SLICE_REV2 9 (one compute slice, two memory slices). Placements and engine counts as
+# `nvidia-smi mig -lgip` / `-lgipp` list them; the +me and -me media variants are left out.
+_A100_40GB_GI = _gi_table([
+    # name        idx id cs ms  MiB    SM CE dec enc jpg ofa starts
+    ("1g.5gb",    0, 19, 1, 1,  4864,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
+    ("1g.10gb",   9, 15, 1, 2,  9856,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),
+    ("2g.10gb",   1, 14, 2, 2,  9984,  28, 2, 1, 0, 0, 0, (0, 2, 4)),
+    ("3g.20gb",   2,  9, 3, 4, 19968,  42, 3, 2, 0, 0, 0, (0, 4)),
+    ("4g.20gb",   3,  5, 4, 4, 19968,  56, 4, 2, 0, 0, 0, (0,)),
+    ("7g.40gb",   4,  0, 7, 8, 40192,  98, 7, 5, 0, 1, 1, (0,)),
+])
+_A100_80GB_GI = _gi_table([
+    ("1g.10gb",   0, 19, 1, 1,  9728,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
+    ("1g.20gb",   9, 15, 1, 2, 19968,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),
+    ("2g.20gb",   1, 14, 2, 2, 19968,  28, 2, 1, 0, 0, 0, (0, 2, 4)),
+    ("3g.40gb",   2,  9, 3, 4, 40192,  42, 3, 2, 0, 0, 0, (0, 4)),
+    ("4g.40gb",   3,  5, 4, 4, 40192,  56, 4, 2, 0, 0, 0, (0,)),
+    ("7g.80gb",   4,  0, 7, 8, 80896,  98, 7, 5, 0, 1, 1, (0,)),
+])
+_H100_80GB_GI = _gi_table([
+    ("1g.10gb",   0, 19, 1, 1,  9856,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),
+    ("1g.20gb",   9, 15, 1, 2, 20096,  16, 1, 1, 0, 1, 0, (0, 2, 4, 6)),
+    ("2g.20gb",   1, 14, 2, 2, 20096,  32, 2, 2, 0, 2, 0, (0, 2, 4)),
+    ("3g.40gb",   2,  9, 3, 4, 40192,  60, 3, 3, 0, 3, 0, (0, 4)),
+    ("4g.40gb",   3,  5, 4, 4, 40192,  64, 4, 4, 0, 4, 0, (0,)),
+    ("7g.80gb",   4,  0, 7, 8, 80896, 132, 8, 7, 0, 7, 1, (0,)),
+])
+# H200 141GB: the H100 layout with the larger memory slices (17.6 GiB each); memory sizes
+# derived from the published profile names, not read from a card (none was available).
+_H200_GI = _gi_table([
+    ("1g.18gb",   0, 19, 1, 1, 16640,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),
+    ("1g.35gb",   9, 15, 1, 2, 33536,  16, 1, 1, 0, 1, 0, (0, 2, 4, 6)),
+    ("2g.35gb",   1, 14, 2, 2, 33536,  32, 2, 2, 0, 2, 0, (0, 2, 4)),
+    ("3g.71gb",   2,  9, 3, 4, 67584,  60, 3, 3, 0, 3, 0, (0, 4)),
+    ("4g.71gb",   3,  5, 4, 4, 67584,  64, 4, 4, 0, 4, 0, (0,)),
+    ("7g.141gb",  4,  0, 7, 8, 137216, 132, 8, 7, 0, 7, 1, (0,)),
+])
+
+
+@dataclass(frozen=True)
 class GpuModel:
     product: str
     pci_device: int
@@ -30,6 +96,10 @@ class GpuModel:
     memory_mib: int
     brand: int = 14  # NVML_BRAND_NVIDIA
     mig: dict[str, MigProfile] = field(default_factory=dict)
+    # Every GPU instance profile NVML offers (dynamic MIG); empty: not MIG-capable.
+    gi_profiles: tuple[GiProfile, ...] = ()
+    # Ampere changes MIG mode only with a GPU reset; Hopper and newer on demand.
+    mig_mode_needs_reset: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +145,7 @@ GPUS: dict[str, GpuModel] = {
             "3g.40gb": MigProfile(3, 40192, 60, 3, 3),
             "7g.80gb": MigProfile(7, 80896, 132, 8, 7),
         },
+        gi_profiles=_H100_80GB_GI,
     ),
     "a100-sxm4-40gb": GpuModel(
         "NVIDIA A100-SXM4-40GB", 0x20B0, 7, (8, 0), 40960,
@@ -85,9 +156,14 @@ GPUS: dict[str, GpuModel] = {
             "4g.20gb": MigProfile(4, 19968, 56, 4, 2),
             "7g.40gb": MigProfile(7, 40192, 98, 7, 5),
         },
+        gi_profiles=_A100_40GB_GI, mig_mode_needs_reset=True,
+    ),
+    "a100-sxm4-80gb": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 0x20B2, 7, (8, 0), 81920,
+        gi_profiles=_A100_80GB_GI, mig_mode_needs_reset=True,
     ),
     "l4": GpuModel("NVIDIA L4", 0x27B8, 8, (8, 9), 23034),
-    "h200": GpuModel("NVIDIA H200", 0x2335, 9, (9, 0), 143771),
+    "h200": GpuModel("NVIDIA H200", 0x2335, 9, (9, 0), 143771, gi_profiles=_H200_GI),
 }
 
 NICS: dict[str, NicModel] = {
@@ -154,6 +230,8 @@ def markdown_table() -> str:
     rows = ["| type | model | what it is |", "|---|---|---|"]
     for name, gpu in GPUS.items():
         mig = f"; MIG: {', '.join(gpu.mig)}" if gpu.mig else ""
+        if gpu.gi_profiles:
+            mig += f"; dynamic MIG: {', '.join(p.name for p in gpu.gi_profiles)}"
         rows.append(f"| `gpu` | `{name}` | {gpu.product}, {gpu.memory_mib} MiB{mig} |")
     for name, nic in NICS.items():
         extra = [f"{nic.speed_mbps // 1000} Gb/s", f"driver {nic.driver}"]

@@ -29,7 +29,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from driver.devices.mock.gpustate import GpuStateStore
+from driver.devices.mock.fakemig import MigManagement
+from driver.devices.mock.model import FakeGpu, FakeMig, Return as _Return, export as _export
+from driver.devices.mock.gpustate import GpuStateStore, MemoryGpuStateStore
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 MAX_MIG_DEVICES = 7
@@ -47,56 +49,19 @@ SINCE = {
     "nvmlDeviceGetGpuInstanceId": 450,
     "nvmlDeviceGetComputeInstanceId": 450,
     "nvmlDeviceGetAttributes_v2": 470,
+    "nvmlDeviceSetMigMode": 450,
+    "nvmlDeviceGetGpuInstances": 450,
+    "nvmlDeviceGetGpuInstanceById": 450,
+    "nvmlGpuInstanceGetInfo": 450,
+    "nvmlGpuInstanceDestroy": 450,
+    "nvmlGpuInstanceCreateComputeInstance": 450,
+    "nvmlGpuInstanceGetComputeInstances": 450,
+    "nvmlComputeInstanceDestroy": 450,
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2": 470,
+    "nvmlDeviceCreateGpuInstanceWithPlacement": 470,
+    "nvmlDeviceGetGpuInstanceProfileInfoV": 510,
+    "nvmlGpuInstanceGetComputeInstanceProfileInfoV": 510,
 }
-
-
-@dataclass
-class FakeMig:
-    uuid: str
-    profile: str
-    gi: int
-    ci: int
-    memory_bytes: int
-    slices: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-
-
-@dataclass
-class FakeGpu:
-    index: int
-    minor: int
-    uuid: str
-    bus_id: str  # sysfs form "0000:17:00.0"
-    product: str
-    brand: int
-    architecture: int
-    compute_capability: tuple[int, int]
-    memory_bytes: int
-    mig_capable: bool
-    migs: list[FakeMig] = field(default_factory=list)
-    lost: bool = False
-    pci_device: int = 0x0000
-    pci_vendor: int = 0x10DE
-
-
-class _Return(Exception):
-    """Raised inside a callback: return this NVML code to the caller."""
-
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _export(*argtypes: Any, name: str | None = None):
-    """Mark a method as the C function `name` (default: the method's name without its
-    leading underscore: a public method of that name would shadow the function table)."""
-    def mark(method):
-        method.c_name = name or method.__name__.removeprefix("_")
-        method.c_argtypes = argtypes
-        return method
-    return mark
 
 
 _instances = itertools.count()
@@ -123,16 +88,15 @@ def bindings() -> ModuleType:
     return module
 
 
-class FakeNvmlLibrary:
+class FakeNvmlLibrary(MigManagement):
     """What nvidia-ml-py finds where it expects `libnvidia-ml.so.1`."""
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int,
                  nv: ModuleType, state: GpuStateStore | None = None) -> None:
         self.gpus = gpus
-        # Settings a GPU keeps across processes (compute mode); shared with the fake
-        # nvidia-smi. Without a mock root, kept in memory.
-        self.state = state
-        self._modes: dict[str, int] = {}
+        # Settings a GPU keeps across processes (compute mode, MIG instances); shared with
+        # the fake nvidia-smi. Without a mock root, kept in memory.
+        self.state = state if state is not None else MemoryGpuStateStore()
         self.driver_version = driver_version  # None: no driver installed (init fails)
         self.cuda = cuda
         self.nv = nv
@@ -215,9 +179,10 @@ class FakeNvmlLibrary:
         slot = rest // _MIG_STRIDE - 1
         if slot < 0:
             return gpu, None
-        if slot >= len(gpu.migs):
+        migs = self.migs(gpu)
+        if slot >= len(migs):
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
-        return gpu, gpu.migs[slot]
+        return gpu, migs[slot]
 
     def _string(self, buffer: int, length: int, text: str) -> None:
         data = text.encode()
@@ -286,7 +251,7 @@ class FakeNvmlLibrary:
                     raise self._fail("NVML_ERROR_GPU_IS_LOST")
                 self._put(c_void_p, out, self._handle_address(gpu.index))
                 return
-            for slot, mig in enumerate(gpu.migs):
+            for slot, mig in enumerate(self.migs(gpu)):
                 if mig.uuid == wanted:
                     if gpu.lost:
                         raise self._fail("NVML_ERROR_GPU_IS_LOST")
@@ -365,9 +330,9 @@ class FakeNvmlLibrary:
         gpu, mig = self._resolve(handle)
         if not gpu.mig_capable or mig is not None:
             raise self._fail("NVML_ERROR_NOT_SUPPORTED")
-        mode = self.nv.NVML_DEVICE_MIG_ENABLE if gpu.migs else self.nv.NVML_DEVICE_MIG_DISABLE
+        mode, pending_mode = self.mig_modes(gpu)
         self._put(c_uint, current, mode)
-        self._put(c_uint, pending, mode)
+        self._put(c_uint, pending, pending_mode)
 
     @_export(c_void_p, c_void_p)
     def _nvmlDeviceGetMaxMigDeviceCount(self, handle: int, out: int) -> None:
@@ -383,7 +348,7 @@ class FakeNvmlLibrary:
             raise self._fail("NVML_ERROR_NOT_SUPPORTED")
         if index >= MAX_MIG_DEVICES:
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
-        if index >= len(gpu.migs):
+        if index >= len(self.migs(gpu)):
             raise self._fail("NVML_ERROR_NOT_FOUND")
         self._put(c_void_p, out, self._handle_address(gpu.index, index))
 
@@ -417,15 +382,10 @@ class FakeNvmlLibrary:
             raise self._fail("NVML_ERROR_NOT_SUPPORTED")  # removed from current drivers
         if mode >= self.nv.NVML_COMPUTEMODE_COUNT:
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
-        if self.state is not None:
-            self.state.update(gpu.uuid, compute_mode=mode)
-        else:
-            self._modes[gpu.uuid] = mode
+        self.state.update(gpu.uuid, compute_mode=mode)
 
     def compute_mode(self, gpu: FakeGpu) -> int:
-        if self.state is not None:
-            return self.state.get(gpu.uuid).compute_mode
-        return self._modes.get(gpu.uuid, self.nv.NVML_COMPUTEMODE_DEFAULT)
+        return self.state.get(gpu.uuid).compute_mode
 
     @_export(c_void_p, c_void_p)
     def _nvmlDeviceGetAttributes_v2(self, handle: int, out: int) -> None:

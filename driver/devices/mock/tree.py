@@ -262,9 +262,12 @@ class _Writer:
             index=index, minor=minor, uuid=f"GPU-{uuid.uuid5(_UUID_NS, bdf)}", bus_id=bdf,
             product=model.product, brand=model.brand, architecture=model.architecture,
             compute_capability=model.compute_capability,
-            memory_bytes=model.memory_mib * catalog.MIB, mig_capable=bool(model.mig),
-            lost=card.lost, pci_device=model.pci_device,
+            memory_bytes=model.memory_mib * catalog.MIB,
+            mig_capable=bool(model.mig or model.gi_profiles),
+            lost=card.lost, pci_device=model.pci_device, gi_profiles=model.gi_profiles,
+            mig_mode_needs_reset=model.mig_mode_needs_reset,
         )
+        taken: set[int] = set()  # memory slices of the static instances, first fit
         # As the GPU driver writes it; nvidia-smi's stand-in finds the node's GPUs here.
         self.file(self.proc / "driver" / "nvidia" / "gpus" / bdf / "information",
                   f"Model: \t\t {model.product}\nGPU UUID: \t {gpu.uuid}\nBus Location: \t {bdf}")
@@ -278,11 +281,19 @@ class _Writer:
             self.file(caps / f"gi{gi}" / f"ci{ci}" / "access", f"DeviceFileMinor: {ci_minor}\nDeviceFileMode: 292")
             self.node(f"/dev/nvidia-caps/nvidia-cap{gi_minor}")
             self.node(f"/dev/nvidia-caps/nvidia-cap{ci_minor}")
+            gi_profile = next((g for g in model.gi_profiles if g.name == profile_name), None)
+            start, size = 0, 0
+            if gi_profile is not None:
+                size = gi_profile.memory_slices
+                start = next((st for st in gi_profile.starts
+                              if not taken & set(range(st, st + size))), 0)
+                taken |= set(range(start, start + size))
             gpu.migs.append(FakeMig(
                 uuid=f"MIG-{uuid.uuid5(_UUID_NS, f'{bdf}/{gi}/{ci}')}", profile=profile_name,
                 gi=gi, ci=ci, memory_bytes=spec.memory_mib * catalog.MIB, slices=spec.slices,
                 multiprocessors=spec.multiprocessors, copy_engines=spec.copy_engines,
-                decoders=spec.decoders, encoders=spec.encoders,
+                decoders=spec.decoders, encoders=spec.encoders, start=start, memory_slices=size,
+                gi_profile=gi_profile.index if gi_profile else None,
             ))
         self.gpus.append(gpu)
         self.node(f"/dev/nvidia{minor}")
