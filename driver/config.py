@@ -103,6 +103,11 @@ OPTIONS: tuple[Option, ...] = (
            "how whole GPUs are published: exclusive (one claim each) or consumable (several "
            "claims, each taking part of the memory and compute; Kubernetes >= 1.34 with the "
            "DRAConsumableCapacity gate, on by default from 1.36)", commands=NODE),
+    Option("mig_mode", "--mig-mode", "MIG_MODE", "static",
+           "static: MIG devices as they exist; dynamic: every partition MIG-capable GPUs could "
+           "hold, as partitionable devices with shared counters (Kubernetes 1.34+, gate "
+           "DRAPartitionableDevices; `run` does not create partitions yet)",
+           commands=frozenset({DISCOVER})),
     Option("namespace", "--namespace", "POD_NAMESPACE", "default",
            "the namespace this driver runs in; MPS control daemon pods are created there"),
     Option("mps_image", "--mps-image", "MPS_IMAGE", "",
@@ -146,6 +151,7 @@ class Config:
     xid_recovery_seconds: float = 0.0
     registration_timeout: float = 30.0
     gpu_sharing: str = "exclusive"
+    mig_mode: str = "static"
     namespace: str = "default"
     mps_image: str = ""
     mps_start_timeout: float = 60.0
@@ -320,6 +326,9 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
     if gpu_sharing not in GPU_SHARING_MODES:
         raise ConfigError(f"{source['gpu_sharing']}: {raw['gpu_sharing']!r} is not one of "
                           f"{', '.join(GPU_SHARING_MODES)}")
+    mig_mode = str(raw["mig_mode"]).strip().lower()
+    if mig_mode not in ("static", "dynamic"):
+        raise ConfigError(f"{source['mig_mode']}: {raw['mig_mode']!r} is not static or dynamic")
     namespace = str(raw["namespace"])
     if not names.is_dns_label(namespace):
         raise ConfigError(f"{source['namespace']}: {namespace!r} is not a namespace name")
@@ -362,6 +371,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         else get("xid_recovery_seconds", _seconds),
         registration_timeout=get("registration_timeout", _seconds),
         gpu_sharing=gpu_sharing,
+        mig_mode=mig_mode,
         namespace=namespace,
         mps_image=mps_image,
         mps_start_timeout=get("mps_start_timeout", _seconds),

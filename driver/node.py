@@ -26,7 +26,8 @@ class NodeRoots:
     pci_ids: PciIds = field(default_factory=PciIds)  # read once, at the first lookup
 
     def sources(self, config: Config) -> Sources:
-        return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids)
+        return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids,
+                       config.mig_mode)
 
 
 def open_node(config: Config, mock_root: Path | None = None,

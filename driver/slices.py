@@ -23,6 +23,11 @@ MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, when any device of the slice has tain
 EXCLUSIVE, CONSUMABLE = "exclusive", "consumable"
 GPU_SHARING_MODES = (EXCLUSIVE, CONSUMABLE)
 COMPUTE = "compute"  # consumable capacity: percent of the GPU's SMs (100 = all of it)
+
+# Partitionable devices (KEP-4815): where their counters go, by API server version.
+COMBINED, SPLIT = "combined", "split"  # 1.34: counters beside devices; 1.35+: own slices
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_DEVICES_WITH_COUNTERS = 64
 MEMORY_STEP = 1 << 30  # shares of GPU memory come in whole GiB
 
 
@@ -85,6 +90,10 @@ def device_body(device: Device, api_version: str, taints: Sequence[dict] = (),
         fields["capacity"] = capacity
     if shared:
         fields["allowMultipleAllocations"] = True
+    if device.consumes:
+        fields["consumesCounters"] = [
+            {"counterSet": name, "counters": {k: {"value": v} for k, v in sorted(used.items())}}
+            for name, used in sorted(device.consumes.items())]
     if taints:
         fields["taints"] = [dict(t) for t in taints]
     if api_version == "v1beta1":
@@ -92,13 +101,14 @@ def device_body(device: Device, api_version: str, taints: Sequence[dict] = (),
     return {"name": device.name, **fields}
 
 
-def slice_name(pool: PoolIdentity, kind: DeviceKind, index: int) -> str:
+def slice_name(pool: PoolIdentity, kind: DeviceKind | str, index: int) -> str:
     """A DNS subdomain: `<node>-<driver>-<kind>-<n>`, hashed down when it would not fit."""
-    name = f"{pool.node_name}-{pool.driver}-{kind.value}-{index}".lower()
+    kind = kind.value if isinstance(kind, DeviceKind) else kind
+    name = f"{pool.node_name}-{pool.driver}-{kind}-{index}".lower()
     if names.is_dns_subdomain(name):
         return name
     digest = hashlib.sha256(f"{pool.node_name}/{pool.driver}".encode()).hexdigest()[:16]
-    name = f"{digest}-{kind.value}-{index}"
+    name = f"{digest}-{kind}-{index}"
     assert names.is_dns_subdomain(name)
     return name
 
@@ -110,17 +120,22 @@ def build(
     api_version: str = "v1",
     taints: Mapping[str, Sequence[dict]] | None = None,
     sharing: str = EXCLUSIVE,
+    layout: str | None = SPLIT,
 ) -> list[dict]:
-    """The complete set of slices for the node's pool at one generation."""
+    """The complete set of slices for the node's pool at one generation. `layout`: where
+    partitionable devices' counters go (COMBINED for 1.34 servers, SPLIT from 1.35); None
+    where the server has no shared counters: such devices are left out."""
     if api_version not in API_VERSIONS:
         raise ValueError(f"unsupported resource.k8s.io version {api_version!r}")
     taints = taints or {}
-    chunks: list[tuple[DeviceKind, int, tuple[Device, ...]]] = []
+    chunks: list[tuple[str, int, tuple[Device, ...], tuple[str, ...]]] = []
     for kind in DeviceKind:
-        devices = inventory.by_kind(kind)
+        devices = tuple(d for d in inventory.by_kind(kind) if not d.consumes)
         limit = MAX_DEVICES_WITH_TAINTS if any(taints.get(d.name) for d in devices) else MAX_DEVICES
         for index, start in enumerate(range(0, len(devices), limit)):
-            chunks.append((kind, index, devices[start:start + limit]))
+            chunks.append((kind.value, index, devices[start:start + limit], ()))
+    if layout is not None:
+        chunks += _partitionable(inventory, layout)
     # Nothing to publish: no slice at all (an empty one only adds an object per node for
     # every scheduler and controller to watch); the publisher deletes what was there.
     owner = []
@@ -128,22 +143,43 @@ def build(
         owner = [{"apiVersion": "v1", "kind": "Node", "name": pool.node_name,
                   "uid": pool.node_uid, "controller": True}]
     slices = []
-    for kind, index, devices in chunks:
+    for kind, index, devices, counter_sets in chunks:
         # No labels: the field selectors spec.nodeName and spec.driver find our slices.
         metadata: dict = {"name": slice_name(pool, kind, index)}
         if owner:
             metadata["ownerReferences"] = owner
-        slices.append({
-            "apiVersion": f"{API_GROUP}/{api_version}",
-            "kind": "ResourceSlice",
-            "metadata": metadata,
-            "spec": {
-                "driver": pool.driver,
-                "nodeName": pool.node_name,
-                "pool": {"name": pool.node_name, "generation": generation,
-                         "resourceSliceCount": len(chunks)},
-                "devices": [device_body(d, api_version, taints.get(d.name, ()), sharing)
-                            for d in devices],
-            },
-        })
+        spec: dict = {
+            "driver": pool.driver,
+            "nodeName": pool.node_name,
+            "pool": {"name": pool.node_name, "generation": generation,
+                     "resourceSliceCount": len(chunks)},
+        }
+        if counter_sets:
+            spec["sharedCounters"] = [
+                {"name": name, "counters": {k: {"value": v} for k, v in sorted(
+                    inventory.counter_sets[name].items())}} for name in counter_sets]
+        if devices or not counter_sets:
+            spec["devices"] = [device_body(d, api_version, taints.get(d.name, ()), sharing)
+                               for d in devices]
+        slices.append({"apiVersion": f"{API_GROUP}/{api_version}", "kind": "ResourceSlice",
+                       "metadata": metadata, "spec": spec})
     return slices
+
+
+def _partitionable(inventory: Inventory, layout: str) -> list[tuple[str, int, tuple[Device, ...], tuple[str, ...]]]:
+    """Slices of partitionable devices: per counter set one slice with its devices (1.34),
+    or counters-only slices of <= 8 sets plus device slices of <= 64 devices (1.35+)."""
+    devices = tuple(d for d in inventory.devices if d.consumes)
+    sets = sorted(inventory.counter_sets)
+    if not devices:
+        return []
+    if layout == COMBINED:
+        return [("partitions", i, tuple(d for d in devices if name in d.consumes), (name,))
+                for i, name in enumerate(sets)]
+    chunks = [("counters", i, (), tuple(sets[start:start + MAX_COUNTER_SETS_PER_SLICE]))
+              for i, start in enumerate(range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE))]
+    # Device slices follow the counter sets' order, so that one GPU's partitions stay together.
+    ordered = sorted(devices, key=lambda d: (sorted(d.consumes), d.name))
+    chunks += [("partitions", i, tuple(ordered[start:start + MAX_DEVICES_WITH_COUNTERS]), ())
+               for i, start in enumerate(range(0, len(ordered), MAX_DEVICES_WITH_COUNTERS))]
+    return chunks

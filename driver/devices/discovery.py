@@ -26,6 +26,7 @@ class Sources:
     nvml: Any | None  # the pynvml module or the mock's fake; None: no NVML binding
     nic_filter: NicFilter = NicFilter()
     pci_ids: PciIds = field(default_factory=PciIds)  # product names for NICs and FPGAs
+    mig_mode: str = "static"  # "dynamic": MIG-capable GPUs as partitionable devices
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,13 @@ def discover(sources: Sources) -> DiscoveryResult:
     devices: list[Device] = []
     nvml_unavailable = "the nvidia-ml-py package is not installed"
     driver_version = None
+    counter_sets: dict = {}
     if sources.nvml is not None:
-        gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc)
+        gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc, sources.mig_mode)
         devices += gpus.discover(problems)
         nvml_unavailable = gpus.unavailable
         driver_version = gpus.driver_version
+        counter_sets = gpus.counter_sets
 
     # Every PCI function is read once here and shared: on a node with thousands of VFs,
     # reading them again per subsystem doubled the cost of each rediscovery.
@@ -67,7 +70,7 @@ def discover(sources: Sources) -> DiscoveryResult:
     nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions, sources.pci_ids)
     devices += nics.discover(problems)
     return DiscoveryResult(
-        Inventory(tuple(devices)), problems, tuple(nics.excluded), nvml_unavailable, driver_version,
+        Inventory(tuple(devices), counter_sets), problems, tuple(nics.excluded), nvml_unavailable, driver_version,
         nics.withheld_routing_unknown,
         sum(1 for f in functions.values() if f.vendor == NVIDIA_VENDOR and f.class_code >> 16 == 0x03),
     )

@@ -69,6 +69,8 @@ class Device:
     net_interface: str | None = None  # host interface name, NICs only
     pci: PciLocation | None = None
     model: str = ""  # human-readable, for `discover -o table` and logs
+    # Partitionable devices (KEP-4815): counter set name -> counter -> quantity consumed.
+    consumes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not names.is_dns_label(self.name):
@@ -97,6 +99,8 @@ class Inventory:
     """All devices of a node, sorted by name so that equal inventories compare equal."""
 
     devices: tuple[Device, ...] = ()
+    # Shared counters of partitionable devices: counter set name -> counter -> quantity.
+    counter_sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.devices, key=lambda d: d.name))

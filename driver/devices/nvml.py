@@ -11,12 +11,13 @@ they would tell us is left out, said once per function, and discovery goes on.
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from driver import names
-from driver.devices import pci
+from driver.devices import migdynamic, pci
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
 from driver.devices.problems import DeviceError, Problems
 
@@ -60,10 +61,14 @@ def _text(value: Any) -> str:
 
 
 class NvmlDiscovery:
-    def __init__(self, nvml: Any, sysfs: Path, proc: Path) -> None:
+    def __init__(self, nvml: Any, sysfs: Path, proc: Path, mig_mode: str = "static",
+                 owned: Callable[[], set[tuple[str, int]]] = set) -> None:
         self.nvml = nvml
         self.sysfs = sysfs
         self.proc = proc
+        self.mig_mode = mig_mode  # "static": MIG devices as they exist; "dynamic": partitions
+        self.owned = owned  # (GPU UUID, GPU instance id) of instances this driver created
+        self.counter_sets: dict[str, dict[str, str]] = {}
         self.unavailable: str | None = None  # why NVML could not be used, if it could not
         self.driver_version: str | None = None  # as NVML says it ("535.104.05"): file names use it
         self.missing: set[str] = set()  # NVML functions this driver's library does not have
@@ -161,6 +166,10 @@ class NvmlDiscovery:
             attrs.set("pciDeviceID", pci.hex_id(function.device))
         attrs.pci(location)
 
+        if self.mig_mode == "dynamic":
+            offer = self._dynamic(handle, name, uuid, minor, attrs, location, product, arch, problems)
+            if offer is not None:
+                return offer
         mig_devices = self._mig_devices(handle, name, uuid, minor, attrs.values, location, problems)
         if mig_devices is not None:
             # A GPU in MIG mode is published only as its MIG devices: advertising the whole
@@ -181,6 +190,43 @@ class NvmlDiscovery:
                 model=product,
             )
         ]
+
+    def _dynamic(self, handle: Any, name: str, uuid: str, minor: int, attrs: AttributeSet,
+                 location: PciLocation, product: str, arch: int | None,
+                 problems: Problems) -> list[Device] | None:
+        """Dynamic MIG (driver/devices/migdynamic.py): the GPU's possible partitions."""
+        nv = self.nvml
+        mode = self._optional(nv.nvmlDeviceGetMigMode, handle)
+        if mode is None:
+            return None  # not MIG-capable
+        enabled = mode[0] == nv.NVML_DEVICE_MIG_ENABLE
+        memory = nv.nvmlDeviceGetMemoryInfo(handle).total
+        whole = Device(name=name, kind=DeviceKind.GPU, attributes=attrs.values,
+                       capacity={"memory": memory_quantity(memory)},
+                       device_nodes=(f"/dev/nvidia{minor}",), pci=location, model=product)
+        occupied: set[int] = set()
+        partitions = migdynamic.profiles(nv, handle)
+        if enabled:
+            owned = self.owned()
+            for profile_id in {p.profile_id for p in partitions}:
+                for info in self._gpu_instances(handle, profile_id):
+                    if (uuid, info.id) not in owned:
+                        occupied |= set(range(info.placement.start,
+                                              info.placement.start + info.placement.size))
+        offer = migdynamic.partition_devices(nv, handle, whole, minor, location, occupied,
+                                             problems, enabled, arch)
+        if offer is None:
+            return None
+        devices, sets = offer
+        self.counter_sets.update(sets)
+        return devices
+
+    def _gpu_instances(self, handle: Any, profile_id: int) -> list[Any]:
+        nv = self.nvml
+        array = (nv.c_nvmlGpuInstance_t * 8)()
+        count = ctypes.c_uint(8)
+        nv.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+        return [nv.nvmlGpuInstanceGetInfo(array[i]) for i in range(count.value)]
 
     def _mig_devices(
         self,

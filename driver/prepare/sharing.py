@@ -48,6 +48,8 @@ class Use:
 
 
 def use_of(claim: str, prepared: PreparedDevice, device: Device) -> Use:
+    if not prepared.share_id and not prepared.config.get("sharing"):
+        return Use(claim, device, None, None, None)  # exclusive: nothing to decode or check
     config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
     # Only GPUs have capacity to enforce; a share of another device (published shareable
     # by some other means) is access beside other claims, nothing more.

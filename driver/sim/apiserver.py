@@ -56,7 +56,9 @@ class State:
     # Feature gates that change what the server keeps of a slice: a disabled gate's
     # fields are dropped on write without an error, as the real server does.
     gates: dict[str, bool] = field(default_factory=lambda: {"DRAConsumableCapacity": True,
-                                                             "DRADeviceTaints": True})
+                                                             "DRADeviceTaints": True,
+                                                             "DRAPartitionableDevices": True})
+    server_version: tuple[int, int] = (1, 36)  # /version; the shared-counter layout follows it
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
 
@@ -66,8 +68,9 @@ class State:
 
 class ApiServer:
     def __init__(self, versions: list[str] | None = None,
-                 gates: dict[str, bool] | None = None) -> None:
-        self.state = State()
+                 gates: dict[str, bool] | None = None,
+                 server_version: tuple[int, int] = (1, 36)) -> None:
+        self.state = State(server_version=server_version)
         if versions:
             self.state.versions = versions
         self.state.gates.update(gates or {})
@@ -245,6 +248,10 @@ class _Handler(BaseHTTPRequestHandler):
             versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in self.state.versions]
             return self._send(200, {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
                                     "versions": versions, "preferredVersion": versions[0]})
+        if method == "GET" and url.path == "/version":
+            major, minor = self.state.server_version
+            return self._send(200, {"major": str(major), "minor": str(minor),
+                                    "gitVersion": f"v{major}.{minor}.0"})
         self._record(method, url.path, query)
         if m := _NODE.match(url.path):
             node = self.state.nodes.get(m.group(1))
@@ -369,7 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
             # create / update
             if body.get("apiVersion") != f"{GROUP}/{version}" or body.get("kind") != "ResourceSlice":
                 return self._status(400, "body apiVersion/kind do not match the URL", "BadRequest")
-            errors = slice_errors(body)
+            errors = slice_errors(body, server=state.server_version)
             if not errors:
                 errors = _canonicalize_quantities(body)
             _drop_disabled_fields(body, state.gates)
@@ -520,10 +527,14 @@ def _canonicalize_quantities(body: dict) -> list[str]:
 
 def _drop_disabled_fields(body: dict, gates: dict[str, bool]) -> None:
     """What the real server's field strategy does for a gate that is off."""
+    if not gates.get("DRAPartitionableDevices", True):
+        (body.get("spec") or {}).pop("sharedCounters", None)
     for device in (body.get("spec") or {}).get("devices") or []:
         fields = device.get("basic", device)
         if not gates.get("DRADeviceTaints", True):
             fields.pop("taints", None)
+        if not gates.get("DRAPartitionableDevices", True):
+            fields.pop("consumesCounters", None)
         if not gates.get("DRAConsumableCapacity", True):
             fields.pop("allowMultipleAllocations", None)
             for capacity in (fields.get("capacity") or {}).values():

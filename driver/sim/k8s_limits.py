@@ -44,9 +44,11 @@ def _qualified(value: str) -> bool:
     return len(ident) <= 32 and bool(C_IDENT.match(ident))
 
 
-def slice_errors(obj: dict, has_taint_limit: bool = True) -> list[str]:
+def slice_errors(obj: dict, has_taint_limit: bool = True, server: tuple[int, int] = (1, 36)) -> list[str]:
+    """`server`: the API server's (major, minor); the shared-counter layout changed in 1.35."""
     errors: list[str] = []
     spec = obj.get("spec", {})
+    errors += counter_errors(spec, server)
     version = obj.get("apiVersion", "").rsplit("/", 1)[-1]
     name = obj.get("metadata", {}).get("name", "")
     if not _subdomain(name):
@@ -67,7 +69,8 @@ def slice_errors(obj: dict, has_taint_limit: bool = True) -> list[str]:
         errors.append(f"exactly one of nodeName/nodeSelector/allNodes/perDeviceNodeSelection, got {selectors}")
     devices = spec.get("devices", [])
     tainted = any((d.get("basic", d)).get("taints") for d in devices)
-    limit = 64 if tainted and has_taint_limit else 128
+    counted = any((d.get("basic", d)).get("consumesCounters") for d in devices)
+    limit = 64 if (tainted and has_taint_limit) or (counted and server >= (1, 35)) else 128
     if len(devices) > limit:
         errors.append(f"{len(devices)} devices, limit {limit}")
     seen = set()
@@ -174,4 +177,85 @@ def request_policy_errors(where: str, policy: object, capacity: str) -> list[str
                 errors.append(f"{where}.validRange.max: not min + n*step")
         if step is not None and step <= 0:
             errors.append(f"{where}.validRange.step: must be positive")
+    return errors
+
+
+def counter_errors(spec: dict, server: tuple[int, int]) -> list[str]:
+    """Shared counters (KEP-4815, resource/v1 validation). 1.34: counter sets live beside
+    the devices that consume them, at most 32 counters in all sets of a slice. 1.35 and
+    later: a slice holds devices or counter sets, never both; at most 8 sets of at most 32
+    counters; a device consumes from at most 2 sets, each at most once. References across
+    slices cannot be checked here (the allocator checks the pool): see pool_counter_errors."""
+    errors: list[str] = []
+    sets = spec.get("sharedCounters") or []
+    devices = spec.get("devices") or []
+    names_seen: set[str] = set()
+    for i, counter_set in enumerate(sets):
+        name = counter_set.get("name", "")
+        if not (LABEL.match(name) and len(name) <= 63):
+            errors.append(f"spec.sharedCounters[{i}].name {name!r} is not a DNS label")
+        if name in names_seen:
+            errors.append(f"spec.sharedCounters[{i}].name {name!r} duplicated")
+        names_seen.add(name)
+        counters = counter_set.get("counters") or {}
+        if not counters:
+            errors.append(f"spec.sharedCounters[{i}].counters: Required value")
+        if len(counters) > 32:
+            errors.append(f"spec.sharedCounters[{i}]: {len(counters)} counters > 32")
+        for key, counter in counters.items():
+            if not (LABEL.match(key) and len(key) <= 63):
+                errors.append(f"spec.sharedCounters[{i}].counters[{key}]: not a DNS label")
+            if not isinstance(counter, dict) or not isinstance(counter.get("value"), str):
+                errors.append(f"spec.sharedCounters[{i}].counters[{key}].value must be a quantity")
+    if server >= (1, 35):
+        if sets and devices:
+            errors.append("spec: only one of devices and sharedCounters may be set")
+        if len(sets) > 8:
+            errors.append(f"spec.sharedCounters: {len(sets)} counter sets > 8")
+    elif sum(len(c.get("counters") or {}) for c in sets) > 32:
+        errors.append("spec.sharedCounters: more than 32 counters in all sets")
+    for i, device in enumerate(devices):
+        uses = (device.get("basic", device)).get("consumesCounters") or []
+        where = f"spec.devices[{i}].consumesCounters"
+        if server >= (1, 35) and len(uses) > 2:
+            errors.append(f"{where}: {len(uses)} entries > 2")
+        referenced = [u.get("counterSet") for u in uses]
+        if len(set(referenced)) != len(referenced):
+            errors.append(f"{where}: a counter set referenced twice")
+        for j, use in enumerate(uses):
+            if server < (1, 35) and use.get("counterSet") not in names_seen:
+                errors.append(f"{where}[{j}].counterSet {use.get('counterSet')!r} is not a "
+                              "counter set of this slice")
+            for key, counter in (use.get("counters") or {}).items():
+                if not isinstance(counter, dict) or not isinstance(counter.get("value"), str):
+                    errors.append(f"{where}[{j}].counters[{key}].value must be a quantity")
+    return errors
+
+
+def pool_counter_errors(slices: list[dict]) -> list[str]:
+    """What the allocator checks of a whole pool: every consumed counter exists in a counter
+    set of the pool at the same generation, and no set is defined twice."""
+    errors: list[str] = []
+    generation = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == generation]
+    sets: dict[str, dict] = {}
+    for obj in current:
+        for counter_set in obj["spec"].get("sharedCounters") or []:
+            if counter_set["name"] in sets:
+                errors.append(f"counter set {counter_set['name']!r} defined twice in the pool")
+            sets[counter_set["name"]] = counter_set.get("counters") or {}
+    for obj in current:
+        for device in obj["spec"].get("devices") or []:
+            for use in device.get("consumesCounters") or []:
+                known = sets.get(use.get("counterSet"))
+                if known is None:
+                    errors.append(f"device {device['name']}: counter set {use.get('counterSet')!r} "
+                                  "not in the pool")
+                    continue
+                for key, counter in (use.get("counters") or {}).items():
+                    if key not in known:
+                        errors.append(f"device {device['name']}: counter {key!r} not in set "
+                                      f"{use['counterSet']!r}")
+                    elif size(counter["value"]) > size(known[key]["value"]):
+                        errors.append(f"device {device['name']}: consumes more {key} than the set has")
     return errors

@@ -49,6 +49,14 @@ class MigManagement:
     def created(self, gpu: FakeGpu) -> list[dict]:
         return [dict(i) for i in self.state.get(gpu.uuid).instances]
 
+    def instances(self, gpu: FakeGpu) -> list[dict]:
+        """Every GPU instance: the profile's static ones (fixed in the mock: NO_PERMISSION
+        to destroy them), then the created ones."""
+        static = [{"gi": m.gi, "profile": m.gi_profile, "start": m.start, "ci": m.ci,
+                   "ci_profile": None, "static": True}
+                  for m in gpu.migs if m.gi_profile is not None]
+        return static + self.created(gpu)
+
     def migs(self, gpu: FakeGpu) -> list[FakeMig]:
         """Static MIG devices, then one per created compute instance."""
         found = list(gpu.migs)
@@ -120,7 +128,7 @@ class MigManagement:
         if offset < 0 or rest % 0x10 or index >= 1 << 16:
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         gpu = self._gpu_by_index(index)
-        for instance in self.created(gpu):
+        for instance in self.instances(gpu):
             if instance["gi"] == rest // 0x10:
                 return gpu, instance
         raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
@@ -253,6 +261,8 @@ class MigManagement:
     @export(c_void_p)
     def _nvmlGpuInstanceDestroy(self, handle: int) -> None:
         gpu, instance = self._gi(handle)
+        if instance.get("static"):
+            raise self._fail("NVML_ERROR_NO_PERMISSION")
         with self._lock:
             if instance.get("ci") is not None:
                 raise self._fail("NVML_ERROR_IN_USE")
@@ -264,7 +274,7 @@ class MigManagement:
         gpu = self._mig_gpu(handle)
         self._enabled(gpu)
         profile = self._profile_by_id(gpu, profile_id)
-        found = [i["gi"] for i in self.created(gpu) if i["profile"] == profile.index]
+        found = [i["gi"] for i in self.instances(gpu) if i["profile"] == profile.index]
         room = c_uint.from_address(count).value
         if room < len(found):
             self._put(c_uint, count, len(found))
@@ -278,7 +288,7 @@ class MigManagement:
     def _nvmlDeviceGetGpuInstanceById(self, handle: int, gi: int, out: int) -> None:
         gpu = self._mig_gpu(handle)
         self._enabled(gpu)
-        if not any(i["gi"] == gi for i in self.created(gpu)):
+        if not any(i["gi"] == gi for i in self.instances(gpu)):
             raise self._fail("NVML_ERROR_NOT_FOUND")
         self._put(c_void_p, out, self.gi_handle(gpu, gi))
 
@@ -324,6 +334,8 @@ class MigManagement:
     @export(c_void_p, c_uint, c_void_p)
     def _nvmlGpuInstanceCreateComputeInstance(self, handle: int, profile_id: int, out: int) -> None:
         gpu, instance = self._gi(handle)
+        if instance.get("static"):
+            raise self._fail("NVML_ERROR_INSUFFICIENT_RESOURCES")  # its compute instance exists
         if profile_id not in self._ci_profiles(gpu, instance):
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         with self._lock:
