@@ -205,6 +205,43 @@ def bench_sharing(table: Table, rounds: int, exclusive_prepare: float) -> None:
         driver.stop()
 
 
+def bench_dynamic_mig(table: Table, rounds: int, exclusive_prepare: float) -> None:
+    import json as _json
+
+    with ApiServer() as api:
+        api.add_node(NODE)
+        driver = Driver(api, "h100x8", ["--mig-mode", "dynamic"])
+        started = driver.start()
+        ok = wait(lambda: any("partitions" in n for n in api.state.slices), 120)
+        time.sleep(0.5)
+        stored = api.slices()
+        devices = sum(len(s["spec"].get("devices", [])) for s in stored)
+        size = sum(len(_json.dumps(s)) for s in stored)
+        table.value("dynamic MIG h100x8: start -> all slices",
+                    f"{(time.perf_counter() - started) * 1000:.0f} ms" if ok else "timeout",
+                    f"{devices} devices, {len(stored)} slices, {size // 1024} KiB of JSON")
+        kubelet = driver.kubelet()
+        prep, unprep = [], []
+        for i in range(rounds):
+            uid = str(uuid.uuid4())
+            device = f"gpu-0000-{(i % 8 + 1):x}1-00-0-mig-1g-10gb-{i % 7}"
+            api.put_claim(claim_allocated("default", f"m-{uid[:8]}", uid, [
+                {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]))
+            claim = Claim("default", f"m-{uid[:8]}", uid)
+            t = time.perf_counter()
+            response = kubelet.prepare([claim], timeout=60)
+            prep.append(time.perf_counter() - t)
+            assert response.claims[uid].error == "", response
+            t = time.perf_counter()
+            kubelet.unprepare([claim], timeout=60)
+            unprep.append(time.perf_counter() - t)
+        m = table.latency("dynamic MIG: prepare creating a 1g.10gb", prep)
+        table.latency("dynamic MIG: unprepare destroying it", unprep)
+        table.value("dynamic MIG: prepare with creation / exclusive prepare", f"{m / exclusive_prepare:.2f}x")
+        kubelet.close()
+        driver.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--runs", type=int, default=200)
@@ -302,6 +339,8 @@ def main() -> int:
 
     # -- GPU sharing: shares of consumable capacity under the GPU's MPS daemon ------------------
     bench_sharing(table, max(10, runs // 10), p)
+    # -- dynamic MIG: publish 8 H100s' partitions, create one at each prepare -------------------
+    bench_dynamic_mig(table, max(10, runs // 5), p)
 
     # -- where a large node's publish time goes (in-process) ------------------------------------
     from driver.devices import mock

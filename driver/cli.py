@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--claim", type=Path, default=None, metavar="FILE",
                       help="allocate and prepare the ResourceClaims / ResourceClaimTemplates of this "
                            "YAML file (e.g. examples/gpu-single/claim.yaml) instead of the built-in ones")
+    demo.add_argument("--mig-mode", choices=("static", "dynamic"), default="static",
+                      help="the driver's --mig-mode: dynamic publishes every MIG partition and "
+                           "creates the allocated ones at prepare (e.g. examples/mig-dynamic)")
     demo.add_argument("--cdi-root", type=Path, default=None, metavar="DIR",
                       help="where the demo's CDI specs go (default: /var/run/cdi where podman can "
                            "start a container, else a temporary directory)")
@@ -88,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from driver import demo
 
-        return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root)
+        return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root,
+                         mig_mode=args.mig_mode)
     if args.command == "mps-control-daemon":
         from driver import mps_daemon
 

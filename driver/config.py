@@ -105,9 +105,9 @@ OPTIONS: tuple[Option, ...] = (
            "DRAConsumableCapacity gate, on by default from 1.36)", commands=NODE),
     Option("mig_mode", "--mig-mode", "MIG_MODE", "static",
            "static: MIG devices as they exist; dynamic: every partition MIG-capable GPUs could "
-           "hold, as partitionable devices with shared counters (Kubernetes 1.34+, gate "
-           "DRAPartitionableDevices; `run` does not create partitions yet)",
-           commands=frozenset({DISCOVER})),
+           "hold, as partitionable devices with shared counters, created at prepare "
+           "(Kubernetes 1.34+, gate DRAPartitionableDevices, on by default from 1.36)",
+           commands=NODE),
     Option("namespace", "--namespace", "POD_NAMESPACE", "default",
            "the namespace this driver runs in; MPS control daemon pods are created there"),
     Option("mps_image", "--mps-image", "MPS_IMAGE", "",

@@ -121,6 +121,15 @@ class Kube:
         finally:
             response.release_conn()
 
+    def server_version(self) -> tuple[int, int]:
+        """(major, minor) of the API server, from /version ("36+" reads as 36)."""
+        info = self.request("GET", "/version") or {}
+        try:
+            return (int("".join(c for c in str(info.get("major", "")) if c.isdigit())),
+                    int("".join(c for c in str(info.get("minor", "")) if c.isdigit())))
+        except ValueError as err:
+            raise ApiError(0, f"GET /version: unreadable version {info!r}") from err
+
     def served_resource_versions(self) -> list[str]:
         """Which resource.k8s.io versions the API server serves, in our preference order."""
         group = self.request("GET", f"/apis/{API_GROUP}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from driver.config import Config
 from driver.devices import mock
@@ -25,9 +25,10 @@ class NodeRoots:
     driver_root_local: Path = Path("/")  # the same, as this process sees them
     pci_ids: PciIds = field(default_factory=PciIds)  # read once, at the first lookup
 
-    def sources(self, config: Config) -> Sources:
+    def sources(self, config: Config, mig_mode: str | None = None,
+                owned_mig: Callable[[], set] = set) -> Sources:
         return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids,
-                       config.mig_mode)
+                       mig_mode or config.mig_mode, owned_mig)
 
 
 def open_node(config: Config, mock_root: Path | None = None,

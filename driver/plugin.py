@@ -42,6 +42,7 @@ from driver.node import NodeRoots, open_node
 from driver.prepare import Preparer
 from driver.prepare.devicestate import DeviceStates
 from driver.prepare.gpucontrol import GpuControl
+from driver.prepare.mig import MigPartitions, MigRecords
 from driver.prepare.mps import MpsDaemons
 from driver.prepare.sharing import DeviceSharing
 from driver.probes import HttpEndpoint, Probes
@@ -60,6 +61,8 @@ class InventoryHolder:
     """The current inventory; replaced whole by rediscovery, read by prepare and publish."""
 
     result: DiscoveryResult
+    # "dynamic" becomes "static" when the API server cannot take shared counters.
+    mig_mode: str = "static"
 
     @property
     def inventory(self) -> Inventory:
@@ -101,9 +104,16 @@ class Plugin:
     @classmethod
     def _create(cls, config: Config, kube: Kube | None, instance: Instance) -> "Plugin":
         node = open_node(config, instance=instance)
-        result = discover(node.sources(config))
+        mig_records = MigRecords(config.state_dir, instance)
+        mig_mode = config.mig_mode
+
+        def sources():
+            return node.sources(config, holder.mig_mode if holder else mig_mode, mig_records.owned)
+
+        holder = None
+        result = discover(sources())
         log_result(result, logs.get("discovery"))
-        holder = InventoryHolder(result)
+        holder = InventoryHolder(result, mig_mode)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
         kube = kube or Kube(api_client(config.kubeconfig))
         checkpoint = Checkpoint(config.state_dir, instance)
@@ -121,6 +131,7 @@ class Plugin:
                        config.mps_image, config.state_dir, node.driver_root_host,
                        config.mps_start_timeout),
             boot_id, inventory)
+        mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory)
         instance.forget_dead()  # after the sweeps above, which need to know who died
         preparer = Preparer(
             driver=config.driver_name,
@@ -134,6 +145,7 @@ class Plugin:
             process_lock=ProcessLock(config.state_dir / "prepare.lock"),
             driver_mounts=driver_mounts,
             sharing=sharing,
+            mig=mig,
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
@@ -144,11 +156,17 @@ class Plugin:
                               newer_instance=instance.newer_peer, sharing=config.gpu_sharing)
         health.subscribe(publisher.trigger)
 
+        def static_mig() -> None:  # the server has no shared counters: publish MIG as it is
+            holder.mig_mode = "static"
+            rediscovery.notify()
+
+        publisher.counters_unsupported = static_mig
+
         def changed(new: DiscoveryResult) -> None:
             holder.result = new
             publisher.trigger()
 
-        rediscovery = Rediscovery(discover=lambda: discover(node.sources(config)),
+        rediscovery = Rediscovery(discover=lambda: discover(sources()),
                                   on_change=changed, current=result,
                                   interval=config.rediscover_interval)
         health.on_loss = rediscovery.notify

@@ -62,7 +62,7 @@ class PublishStats:
 # The device fields this driver writes. Anything else in a listed slice (defaults a newer
 # API server adds) is not ours and must not look like a difference: otherwise every
 # reconcile would rewrite the slice and its watch event would trigger the next rewrite.
-_DEVICE_FIELDS = ("attributes", "capacity", "taints", "allowMultipleAllocations")
+_DEVICE_FIELDS = ("attributes", "capacity", "taints", "allowMultipleAllocations", "consumesCounters")
 
 
 def _quantity(value: Any) -> Any:
@@ -115,6 +115,7 @@ def _content(obj: dict) -> dict:
         "nodeName": spec.get("nodeName"),
         "pool": pool,
         "devices": [_device(d) for d in spec.get("devices") or []],
+        "sharedCounters": spec.get("sharedCounters") or [],
         "owners": _node_owners(obj),
     }
 
@@ -151,6 +152,12 @@ class Publisher:
     # fields (gate DRAConsumableCapacity off, or a server older than 1.34).
     sharing: str = slices.EXCLUSIVE
     sharing_supported: bool = True
+    # Partitionable devices (dynamic MIG): their counters' layout follows the server's
+    # version; where it has none, or drops them (gate off), `counters_unsupported` is called
+    # once (the plugin then rediscovers in static MIG mode).
+    counters_layout: str | None = None
+    counters_supported: bool = True
+    counters_unsupported: Callable[[], None] = lambda: None
     # The newest live instance of this driver on the node that started after us, if any
     # (driver/instance.py); while there is one, it publishes and we do not.
     newer_instance: Callable[[], Any] = lambda: None
@@ -188,6 +195,28 @@ class Publisher:
             self.log.info("resource_api_version", version=self.api_version)
         return self.api_version
 
+    def _layout(self, wanted: bool) -> str | None:
+        """Where counters go: beside the devices (1.34), in slices of their own (1.35+)."""
+        if not wanted or not self.counters_supported:
+            return None
+        if self.counters_layout is None:
+            server = self.kube.server_version()
+            if self.api_version == "v1beta1" or server < (1, 34):
+                self._drop_counters(f"the API server is {server[0]}.{server[1]}; shared counters "
+                                    "need 1.34 or newer")
+                return None
+            self.counters_layout = slices.COMBINED if server < (1, 35) else slices.SPLIT
+            self.log.info("shared_counters_layout", layout=self.counters_layout,
+                          server=f"{server[0]}.{server[1]}")
+        return self.counters_layout
+
+    def _drop_counters(self, reason: str) -> None:
+        if self.counters_supported:
+            self.counters_supported = False
+            self.log.warning("partitionable_devices_unsupported", reason=reason,
+                             publishing="static MIG devices")
+            self.counters_unsupported()
+
     def _owner(self) -> None:
         if self.node_uid is not None:
             return
@@ -219,7 +248,9 @@ class Publisher:
         # off) we stop sending them rather than rewriting the slice forever.
         taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
         sharing = self.sharing if self.sharing_supported else slices.EXCLUSIVE
-        desired = slices.build(self.inventory(), pool, current, self.api_version, taints, sharing)
+        inventory = self.inventory()
+        layout = self._layout(bool(inventory.counter_sets))
+        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout)
         want = _partition(desired)
         have = _partition(existing.values())
         # What we last published, if this process published: then an external edit or
@@ -250,7 +281,7 @@ class Publisher:
             for name in sorted(set(existing) - keep):
                 writes += self._delete(existing[name])
             self.log.info("pool_generation_published", generation=generation, slices=len(desired),
-                          devices=sum(len(o["spec"]["devices"]) for o in desired))
+                          devices=sum(len(o["spec"].get("devices", [])) for o in desired))
         self._published = (generation, want)
         self.stats.writes += writes
         self.stats.published = True
@@ -281,13 +312,20 @@ class Publisher:
         else:
             stored = self.kube.request("PUT", f"{self._base()}/{name}", body=_updated(have, obj))
             self.log.debug("slice_updated", slice=name)
-        sent = any(d.get("taints") for d in obj["spec"]["devices"])
+        sent = any(d.get("taints") for d in obj["spec"].get("devices", []))
         kept = any(d.get("taints") for d in (stored or {}).get("spec", {}).get("devices", []))
         if sent and not kept and self.taints_supported:
             self.taints_supported = False
             self.log.warning("device_taints_unsupported",
                              hint="enable the DRADeviceTaints feature gate to publish unhealthy devices as taints")
-        sent = any(d.get("allowMultipleAllocations") for d in obj["spec"]["devices"])
+        sent = bool(obj["spec"].get("sharedCounters")) or any(
+            d.get("consumesCounters") for d in obj["spec"].get("devices", []))
+        kept = bool((stored or {}).get("spec", {}).get("sharedCounters")) or any(
+            d.get("consumesCounters") for d in (stored or {}).get("spec", {}).get("devices", []))
+        if sent and not kept:
+            self._drop_counters("the API server dropped sharedCounters/consumesCounters: enable "
+                                "the DRAPartitionableDevices feature gate (on by default from 1.36)")
+        sent = any(d.get("allowMultipleAllocations") for d in obj["spec"].get("devices", []))
         kept = any(d.get("allowMultipleAllocations")
                    for d in (stored or {}).get("spec", {}).get("devices", []))
         if sent and not kept and self.sharing_supported:

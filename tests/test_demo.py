@@ -15,7 +15,7 @@ import pytest
 from driver.demo.podman import ready as podman_ready
 from driver.devices import mock
 from tests.conftest import REPO
-from tests.test_examples import INTENT
+from tests.test_examples import DYNAMIC_MIG, INTENT
 
 
 def test_demo_runs():
@@ -50,7 +50,9 @@ def _demo(*args: str, cdi_root=None) -> tuple[int, list[str], list[str]]:
     out, err = [], []
     profile = args[args.index("--profile") + 1] if "--profile" in args else "mixed"
     claim = Path(args[args.index("--claim") + 1]) if "--claim" in args else None
-    code = demo.main(profile, out=out.append, err=err.append, claim_file=claim, cdi_root=cdi_root)
+    mig_mode = args[args.index("--mig-mode") + 1] if "--mig-mode" in args else "static"
+    code = demo.main(profile, out=out.append, err=err.append, claim_file=claim, cdi_root=cdi_root,
+                     mig_mode=mig_mode)
     for line in err:  # a failed demo keeps its driver log for the user; a test does not
         if "driver log kept in " in line:
             shutil.rmtree(Path(line.split("driver log kept in ", 1)[1]).parent, ignore_errors=True)
@@ -83,11 +85,16 @@ def test_the_demo_works_on_every_profile(profile, tmp_path):
 def test_demo_claim_runs_every_example(name, tmp_path):
     profile, _ = INTENT[name]
     path = REPO / "examples" / name / "claim.yaml"
-    code, out, err = _demo("--claim", str(path), "--profile", profile, cdi_root=tmp_path)
+    mig = ("--mig-mode", "dynamic") if name in DYNAMIC_MIG else ()
+    code, out, err = _demo("--claim", str(path), "--profile", profile, *mig, cdi_root=tmp_path)
     assert code == 0, "\n".join(out + err)
     assert "prepared:" in "\n".join(out)
     readme = (REPO / "examples" / name / "README.md").read_text()
     assert f"dra-driver demo --claim examples/{name}/claim.yaml --profile {profile}" in readme
+    if name in DYNAMIC_MIG:
+        assert "--mig-mode dynamic" in readme
+        text = "\n".join(out)
+        assert text.count("prepared:") == 5 and "pending, as its file expects" in text
 
 
 def test_a_failing_claim_is_named_and_leaves_nothing_behind(tmp_path):

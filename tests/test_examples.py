@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from driver import opaque, slices
+from driver.devices import mock
 from driver.devices.model import DeviceKind
 from driver.sim.allocator import Shares, Unsatisfiable, allocate
 from driver.sim.cel import matches
@@ -30,7 +31,10 @@ INTENT = {
     "gpu-timeslicing": ("mixed", {"gpu"}),
     "gpu-mps-shared-claim": ("mixed", {"gpu"}),
     "gpu-consumable": ("mixed", {"gpu"}),
+    "mig-dynamic": ("h100x8", {"mig"}),
 }
+# Examples that need the driver's --mig-mode dynamic.
+DYNAMIC_MIG = {"mig-dynamic"}
 CLAIM_KINDS = {"ResourceClaim", "ResourceClaimTemplate"}
 
 
@@ -87,10 +91,15 @@ def test_example_validates(name):
 
 
 @pytest.mark.parametrize("name", sorted(INTENT))
-def test_example_selects_the_intended_devices(name, built, classes):
+def test_example_selects_the_intended_devices(name, built, classes, tmp_path):
     profile, kinds = INTENT[name]
     _, spec = load(name)
-    inventory = built(profile)[1].inventory
+    if name in DYNAMIC_MIG:
+        from tests.test_dynamic_mig import dynamic
+
+        inventory = dynamic(mock.build(mock.load(profile), tmp_path / "dyn")).inventory
+    else:
+        inventory = built(profile)[1].inventory
     choices = allocate(spec, inventory, classes, DRIVER, shares=consumable_shares(inventory))
     chosen = [d for c in choices for d in c.devices]
     assert chosen and {d.kind.value for d in chosen} == kinds

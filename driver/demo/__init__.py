@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from driver import deviceclasses
+from driver import deviceclasses, quantity
 from driver.demo import podman
 from driver.demo.claims import BUILTIN, ClaimFileError, DemoClaim, fill, from_file
 from driver.devices.model import Device, DeviceKind, Inventory
@@ -82,6 +82,7 @@ class Demo:
     cdi_root: Path = SYSTEM_CDI
     why_no_container: str | None = None
     ours: list[str] = field(default_factory=list)  # UIDs of the claims we created
+    mig_mode: str = "static"
 
     @property
     def log_file(self) -> Path:
@@ -98,7 +99,7 @@ class Demo:
                 # Whole GPUs are published as shareable: a claim that asks for part of one
                 # gets a share, enforced through the GPU's MPS daemon (run by the pod runner).
                 "--gpu-sharing", "consumable", "--mps-image", "dra-accel-driver:demo",
-                "--namespace", "default"]
+                "--namespace", "default", "--mig-mode", self.mig_mode]
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=_die_with_parent)
@@ -188,7 +189,7 @@ class Demo:
                 api.wait_for(lambda: bool(api.state.slices), timeout=30)
                 time.sleep(0.3)
                 stored = api.slices()
-                inventory, shares = _inventory_from_slices(stored, self.driver)
+                inventory, shares, counters = _inventory_from_slices(stored, self.driver)
                 self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
                          f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
                 classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
@@ -202,8 +203,13 @@ class Demo:
                         continue
                     spec = fill(claim.spec, self.driver)
                     try:
-                        choices = allocate(spec, inventory, classes, self.driver, taken, shares)
+                        choices = allocate(spec, inventory, classes, self.driver, taken, shares,
+                                           counters)
                     except Unsatisfiable as error:
+                        if claim.expect_pending:
+                            self.out(f"\n== claim {claim.name}: {claim.what}\n   pending, as "
+                                     f"its file expects: {error}")
+                            continue
                         if self.from_file:
                             problems.append(f"claim {claim.name} cannot be allocated on profile "
                                             f"{self.profile}: {error}")
@@ -299,7 +305,7 @@ class Demo:
 
 def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[str], None] = print,
          claim_file: Path | None = None, err: Callable[[str], None] | None = None,
-         cdi_root: Path | None = None) -> int:
+         cdi_root: Path | None = None, mig_mode: str = "static") -> int:
     err = err or (lambda line: print(line, file=sys.stderr))
     try:
         from driver.sim.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
@@ -323,7 +329,7 @@ def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[st
             return EXIT_USAGE
 
     demo = Demo(profile, driver, out, err, claims, classes, from_file=claim_file is not None,
-                cdi_root=cdi_root or SYSTEM_CDI)
+                cdi_root=cdi_root or SYSTEM_CDI, mig_mode=mig_mode)
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
@@ -352,12 +358,20 @@ def _inventory_from_slices(stored: list[dict], driver: str):
     """Devices as the scheduler sees them: from the published slices, not from discovery;
     and the capacity of those that allow multiple allocations."""
     from driver.devices.model import Version
-    from driver.sim.allocator import Shares
+    from driver.sim.allocator import Counters, Shares
 
     devices = []
     shares = Shares()
+    counters = Counters()
     for obj in stored:
-        for d in obj["spec"]["devices"]:
+        for counter_set in obj["spec"].get("sharedCounters") or []:
+            counters.totals[counter_set["name"]] = {
+                k: quantity.value(v["value"]) for k, v in counter_set["counters"].items()}
+        for d in obj["spec"].get("devices", []):
+            if d.get("consumesCounters"):
+                counters.consumes[d["name"]] = {
+                    use["counterSet"]: {k: quantity.value(v["value"]) for k, v in use["counters"].items()}
+                    for use in d["consumesCounters"]}
             if d.get("allowMultipleAllocations"):
                 shares.capacity[d["name"]] = d.get("capacity", {})
             attrs = {}
@@ -367,4 +381,4 @@ def _inventory_from_slices(stored: list[dict], driver: str):
             kind = DeviceKind(attrs["type"])
             devices.append(Device(d["name"], kind, attrs,
                                   {k: c["value"] for k, c in d.get("capacity", {}).items()}))
-    return Inventory(tuple(devices)), shares
+    return Inventory(tuple(devices)), shares, counters

@@ -11,6 +11,9 @@ import yaml
 from driver.opaque import API_VERSION
 
 
+EXPECT_ANNOTATION = "accel.dra.io/demo-expect"  # "pending": the claim is meant not to fit
+
+
 class ClaimFileError(ValueError):
     """A --claim file that cannot be used; the message names the file."""
 
@@ -24,6 +27,8 @@ class DemoClaim:
     instead_of: tuple[str, ...] = ()
     # Where this claim fits, for the "skipped" line (built-in claims only).
     fits: str = ""
+    # The file says it cannot be allocated (annotation accel.dra.io/demo-expect: pending).
+    expect_pending: bool = False
 
 
 def _request(name: str, kind: str, *selectors: str) -> dict:
@@ -105,10 +110,14 @@ def from_file(path: Path) -> tuple[list[DemoClaim], dict[str, list[str]]]:
             raise ClaimFileError(f"--claim {path}: document {index + 1} is not an object")
         kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", f"document-{index + 1}")
         spec = doc.get("spec") or {}
+        annotations = (doc.get("metadata") or {}).get("annotations") or {}
+        pending = annotations.get(EXPECT_ANNOTATION) == "pending"
         if kind == "ResourceClaim":
-            claims.append(DemoClaim(name, f"ResourceClaim from {path.name}", spec))
+            claims.append(DemoClaim(name, f"ResourceClaim from {path.name}", spec,
+                                    expect_pending=pending))
         elif kind == "ResourceClaimTemplate":
-            claims.append(DemoClaim(name, f"ResourceClaimTemplate from {path.name}", spec.get("spec") or {}))
+            claims.append(DemoClaim(name, f"ResourceClaimTemplate from {path.name}",
+                                    spec.get("spec") or {}, expect_pending=pending))
         elif kind == "DeviceClass":
             classes[name] = [s["cel"]["expression"] for s in spec.get("selectors") or [] if "cel" in s]
     if not claims:

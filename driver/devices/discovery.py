@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -27,6 +27,8 @@ class Sources:
     nic_filter: NicFilter = NicFilter()
     pci_ids: PciIds = field(default_factory=PciIds)  # product names for NICs and FPGAs
     mig_mode: str = "static"  # "dynamic": MIG-capable GPUs as partitionable devices
+    # (GPU UUID, GPU instance id) of the MIG instances this driver created (dynamic MIG)
+    owned_mig: Callable[[], set] = set
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,8 @@ def discover(sources: Sources) -> DiscoveryResult:
     driver_version = None
     counter_sets: dict = {}
     if sources.nvml is not None:
-        gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc, sources.mig_mode)
+        gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc, sources.mig_mode,
+                             sources.owned_mig)
         devices += gpus.discover(problems)
         nvml_unavailable = gpus.unavailable
         driver_version = gpus.driver_version

@@ -37,6 +37,7 @@ from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, Prepared
 from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
 from driver.devices.model import Device, Inventory
 from driver.locks import KeyedLocks, ProcessLock
+from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.sharing import DeviceSharing, Use, use_of
 
 
@@ -71,6 +72,7 @@ class Preparer:
         process_lock: ProcessLock,
         driver_mounts: Callable[[], tuple[cdi.Mount, ...]] = lambda: (),
         sharing: DeviceSharing | None = None,
+        mig: MigPartitions | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -83,6 +85,7 @@ class Preparer:
         self.process_lock = process_lock
         self.driver_mounts = driver_mounts
         self.sharing = sharing
+        self.mig = mig
         self._sharing_lock = threading.RLock()
         self.locks = KeyedLocks()
         self.log = structlog.get_logger(component="prepare")
@@ -143,7 +146,8 @@ class Preparer:
         uses = self._uses(ref, prepared)
         # Claims run in parallel threads; those that share a GPU are checked against each
         # other and change the device, so they go one at a time (exclusive ones need not).
-        shared = any(u.setup is not None or u.share is not None for u in uses) or (
+        shared = any(u.setup is not None or u.share is not None or is_partition(u.device)
+                     for u in uses) or (
             self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses}))
         with self._sharing_lock if shared else contextlib.nullcontext():
             return self._prepare_checked(ref, prepared, uses, shared, log)
@@ -162,6 +166,7 @@ class Preparer:
                 # hardware.
                 if shared:
                     self._set_up(ref, uses)
+                uses = self._partitions(ref, uses)
                 self._write(ref, prepared, uses, log, reason="restored")
                 return PrepareOutcome(prepared)
             log.info("claim_reallocated", was=[d.device for d in record.devices],
@@ -170,6 +175,7 @@ class Preparer:
         self._check_exclusive(ref, prepared)
         if shared:
             self._set_up(ref, uses)
+        uses = self._partitions(ref, uses)
         self._write(ref, prepared, uses, log, reason=reason)
         return PrepareOutcome(prepared)
 
@@ -182,6 +188,20 @@ class Preparer:
                 raise ClaimError(f"claim {ref}: device {p.device} is no longer on this node")
             uses.append(use_of(str(ref), p, device))
         return uses
+
+    def _partitions(self, ref: ClaimRef, uses: list[Use]) -> list[Use]:
+        """Dynamic MIG: create the allocated partitions; the container gets the created
+        MIG devices (their UUIDs and capability nodes), not the published placeholders."""
+        if not any(is_partition(u.device) for u in uses):
+            return uses
+        if self.mig is None:
+            raise ClaimError(f"claim {ref}: dynamic MIG partitions cannot be created by this "
+                             "driver instance")
+        try:
+            return [dataclasses.replace(u, device=self.mig.ensure(str(ref), u.device))
+                    if is_partition(u.device) else u for u in uses]
+        except MigError as err:
+            raise ClaimError(str(err)) from err
 
     def _set_up(self, ref: ClaimRef, uses: list[Use]) -> None:
         """Check the claim's sharing against the other claims and set the devices up
@@ -324,7 +344,10 @@ class Preparer:
         # compute mode): a failure is returned, so the kubelet retries, and each retry
         # (and the periodic reconcile) tries again, with or without a record.
         with self._sharing_lock:
-            errors = self.sharing.release_unneeded(self.checkpoint.records())
+            records = list(self.checkpoint.records())
+            errors = self.sharing.release_unneeded(records)
+            if self.mig is not None:
+                errors += self.mig.release_unneeded(records)
         if errors:
             log.warning("device_setup_undo_failed", errors=errors)
             return f"claim {ref}: unprepared, but " + "; ".join(errors)
@@ -339,7 +362,13 @@ class Preparer:
 
     def _reconcile_sharing(self) -> list[str]:
         with self._sharing_lock:
-            return self.sharing.reconcile(list(self.checkpoint.records()))
+            records = list(self.checkpoint.records())
+            problems = self.sharing.reconcile(records)
+            if self.mig is not None:
+                # Partitions a crash left behind (prepared, then the claim record never
+                # written; or unprepared before the destroy).
+                problems += self.mig.release_unneeded(records)
+            return problems
 
     def prepared_claims(self) -> list[str]:
         return self.checkpoint.uids()

@@ -2,7 +2,8 @@
 scheduler would for the features our examples use (DeviceClass and request CEL
 selectors, ExactCount, firstAvailable, matchAttribute constraints, opaque configs, and
 consumable capacity: devices that allow multiple allocations, capacity requests rounded
-by the request policy, shareID and consumedCapacity in the result).
+by the request policy, shareID and consumedCapacity in the result; partitionable devices:
+a device fits only while the shared counters it consumes have room).
 It is not the scheduler: no scoring, no cross-claim bookkeeping beyond `taken` (devices
 allocated whole) and `Shares` (capacity consumed on multi-allocatable devices)."""
 
@@ -61,6 +62,34 @@ class Shares:
             used[name] = used.get(name, Decimal(0)) + value
 
 
+@dataclass
+class Counters:
+    """Shared counters of the pool (set -> counter -> total) and what allocated devices
+    consume of them (KEP-4815)."""
+
+    totals: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    used: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    consumes: dict[str, dict[str, dict[str, Decimal]]] = field(default_factory=dict)  # device ->
+
+    def fits(self, device: str, others: tuple[str, ...] = ()) -> bool:
+        extra: dict[tuple[str, str], Decimal] = {}
+        for name in (device, *others):
+            for counter_set, counters in self.consumes.get(name, {}).items():
+                for counter, value in counters.items():
+                    extra[(counter_set, counter)] = extra.get((counter_set, counter), Decimal(0)) + value
+        for (counter_set, counter), value in extra.items():
+            total = self.totals.get(counter_set, {}).get(counter)
+            if total is None or self.used.get(counter_set, {}).get(counter, Decimal(0)) + value > total:
+                return False
+        return True
+
+    def take(self, device: str) -> None:
+        for counter_set, counters in self.consumes.get(device, {}).items():
+            used = self.used.setdefault(counter_set, {})
+            for counter, value in counters.items():
+                used[counter] = used.get(counter, Decimal(0)) + value
+
+
 def _round(amount: Decimal, policy: dict) -> Decimal | None:
     """KEP-5075: raised to min, rounded up to min + n*step or the next valid value."""
     if policy.get("validValues"):
@@ -99,11 +128,14 @@ def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: di
 
 
 def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str]], driver: str,
-             taken: set[str] | None = None, shares: Shares | None = None) -> list[Choice]:
+             taken: set[str] | None = None, shares: Shares | None = None,
+             counters: Counters | None = None) -> list[Choice]:
     """Devices for the claim. With `shares`, multi-allocatable devices are taken by capacity
-    (and `shares` records what the result consumes)."""
+    (and `shares` records what the result consumes); with `counters`, partitionable devices
+    by the room left in their counter sets (recorded likewise)."""
     taken = set(taken or ())
     shares = shares or Shares()
+    counters = counters or Counters()
     devices_spec = claim_spec.get("devices", {})
     options_per_request: list[list[tuple[str, list[Device], int]]] = []
     for request in devices_spec.get("requests", []):
@@ -119,6 +151,8 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
             requests = ((spec.get("capacity") or {}).get("requests")) or {}
             candidates = []
             for device in _candidates(inventory, classes, spec, driver, taken):
+                if not counters.fits(device.name):
+                    continue  # its counters are taken by what was allocated before
                 if device.name in shares.capacity:
                     amount = shares.amount(device.name, requests)
                     if amount is None:
@@ -149,6 +183,9 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
             free = [c for c in candidates if c[0].name not in used]
             for combo in itertools.islice(itertools.combinations(free, count), 2000):
                 devices = tuple(d for d, _ in combo)
+                if not counters.fits(devices[0].name, tuple(d.name for d in devices[1:])
+                                     + tuple(d.name for c in chosen for d in c.devices)):
+                    continue
                 consumed = tuple(None if a is None else {k: _canonical(v) for k, v in a.items()}
                                  for _, a in combo)
                 found = search(index + 1, chosen + [Choice(name, devices, consumed)],
@@ -161,6 +198,8 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
     if result is None:
         raise Unsatisfiable("no combination of devices satisfies the claim")
     for choice in result:
+        for device in choice.devices:
+            counters.take(device.name)
         for device, consumed in zip(choice.devices, choice.consumed):
             if consumed is not None:
                 shares.take(device.name, {k: quantity.value(v) for k, v in consumed.items()})

@@ -18,7 +18,9 @@ new mode stays pending and the activation status is RESET_REQUIRED.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
+import stat
 import uuid
 from ctypes import c_uint, c_void_p
 from typing import Any
@@ -163,7 +165,12 @@ class MigManagement:
             access.parent.mkdir(parents=True, exist_ok=True)
             access.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\n")
             node.parent.mkdir(parents=True, exist_ok=True)
-            node.touch()
+            try:  # a character device, as tree.py makes them, so a runtime can inject it
+                os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            except FileExistsError:
+                pass
+            except OSError:
+                node.touch()
         else:
             access.unlink(missing_ok=True)
             node.unlink(missing_ok=True)
@@ -192,11 +199,20 @@ class MigManagement:
     # -- GPU instances ---------------------------------------------------------------------------
     @export(c_void_p, c_uint, c_void_p)
     def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: int, index: int, out: int) -> None:
-        gpu = self._mig_gpu(handle)
-        profile = self._gi_profile(gpu, index)
         info = self.nv.c_nvmlGpuInstanceProfileInfo_v2_t.from_address(out)
         if info.version != self.nv.nvmlGpuInstanceProfileInfo_v2:
             raise self._fail("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+        profile = self._gi_info(handle, index, info)
+        info.name = f"MIG {profile.name}".encode()
+
+    @export(c_void_p, c_uint, c_void_p)
+    def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: int, index: int, out: int) -> None:
+        """The v1 struct (older drivers): no version, no name."""
+        self._gi_info(handle, index, self.nv.c_nvmlGpuInstanceProfileInfo_t.from_address(out))
+
+    def _gi_info(self, handle: int, index: int, info: Any) -> GiProfile:
+        gpu = self._mig_gpu(handle)
+        profile = self._gi_profile(gpu, index)
         info.id = profile.id
         info.isP2pSupported = 0
         info.sliceCount = profile.compute_slices
@@ -208,7 +224,7 @@ class MigManagement:
         info.jpegCount = profile.jpegs
         info.ofaCount = profile.ofas
         info.memorySizeMB = profile.memory_mib
-        info.name = f"MIG {profile.name}".encode()
+        return profile
 
     def _profile_by_id(self, gpu: FakeGpu, profile_id: int) -> GiProfile:
         for profile in gpu.gi_profiles:
@@ -311,14 +327,24 @@ class MigManagement:
     @export(c_void_p, c_uint, c_uint, c_void_p)
     def _nvmlGpuInstanceGetComputeInstanceProfileInfoV(self, handle: int, index: int,
                                                        engines: int, out: int) -> None:
+        info = self.nv.c_nvmlComputeInstanceProfileInfo_v2_t.from_address(out)
+        if info.version != self.nv.nvmlComputeInstanceProfileInfo_v2:
+            raise self._fail("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+        slices, gi_profile = self._ci_info(handle, index, engines, info)
+        info.name = f"MIG {slices}c.{gi_profile.name}".encode()
+
+    @export(c_void_p, c_uint, c_uint, c_void_p)
+    def _nvmlGpuInstanceGetComputeInstanceProfileInfo(self, handle: int, index: int,
+                                                      engines: int, out: int) -> None:
+        self._ci_info(handle, index, engines,
+                      self.nv.c_nvmlComputeInstanceProfileInfo_t.from_address(out))
+
+    def _ci_info(self, handle: int, index: int, engines: int, info: Any) -> tuple[int, GiProfile]:
         gpu, instance = self._gi(handle)
         profiles = self._ci_profiles(gpu, instance)
         if index not in profiles or engines != self.nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise self._fail("NVML_ERROR_NOT_SUPPORTED")
         gi_profile = self._gi_profile(gpu, instance["profile"])
-        info = self.nv.c_nvmlComputeInstanceProfileInfo_v2_t.from_address(out)
-        if info.version != self.nv.nvmlComputeInstanceProfileInfo_v2:
-            raise self._fail("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
         slices = profiles[index]
         info.id = index
         info.sliceCount = slices
@@ -329,7 +355,7 @@ class MigManagement:
         info.sharedEncoderCount = gi_profile.encoders
         info.sharedJpegCount = gi_profile.jpegs
         info.sharedOfaCount = gi_profile.ofas
-        info.name = f"MIG {slices}c.{gi_profile.name}".encode()
+        return slices, gi_profile
 
     @export(c_void_p, c_uint, c_void_p)
     def _nvmlGpuInstanceCreateComputeInstance(self, handle: int, profile_id: int, out: int) -> None:

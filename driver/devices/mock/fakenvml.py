@@ -59,6 +59,8 @@ SINCE = {
     "nvmlComputeInstanceDestroy": 450,
     "nvmlDeviceGetGpuInstancePossiblePlacements_v2": 470,
     "nvmlDeviceCreateGpuInstanceWithPlacement": 470,
+    "nvmlDeviceGetGpuInstanceProfileInfo": 450,
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo": 450,
     "nvmlDeviceGetGpuInstanceProfileInfoV": 510,
     "nvmlGpuInstanceGetComputeInstanceProfileInfoV": 510,
 }
