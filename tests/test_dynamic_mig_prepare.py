@@ -14,6 +14,7 @@ import pytest
 from driver.devices import mock
 from driver.devices.mock.profile import parse
 from driver.devices.model import DeviceKind
+from driver.checkpoint import ClaimRecord, PreparedDevice, State
 from driver.prepare.mig import MigError, MigPartitions, MigRecord, MigRecords
 from driver.instance import Instance
 from driver.sim.apiserver import ApiServer, claim_allocated
@@ -54,8 +55,12 @@ def created(built) -> list[dict]:
 
 def test_each_partition_is_created_as_published_and_destroyed(h100):
     built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    first = nv.nvmlDeviceGetHandleByIndex(0)
     for device in (d for d in inventory.by_kind(DeviceKind.MIG) if d.name.startswith(GPU)):
         concrete = partitions.ensure("ns/c", device)
+        assert nv.nvmlDeviceGetMigMode(first)[0] == 1, "enabled on demand (Hopper)"
         assert concrete.attributes["uuid"].startswith("MIG-")
         assert len(concrete.device_nodes) == 3 and concrete.device_nodes[0] == "/dev/nvidia0"
         assert all((built.dev / n.removeprefix("/dev/")).exists() for n in concrete.device_nodes)
@@ -63,9 +68,7 @@ def test_each_partition_is_created_as_published_and_destroyed(h100):
         assert again.attributes["uuid"] == concrete.attributes["uuid"]
         assert partitions.release_unneeded([]) == []
         assert created(built) == [] and partitions.records.all() == []
-    nv = built.nvml
-    nv.nvmlInit()
-    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(0))[0] == 1, "enabled on demand"
+        assert nv.nvmlDeviceGetMigMode(first)[0] == 0, "and off again with the last one"
 
 
 def test_a_failure_between_gpu_and_compute_instance_rolls_back(h100):
@@ -245,3 +248,26 @@ def test_every_partition_of_every_model_is_created_and_destroyed(model, tmp_path
         assert created(built) == []
     finally:
         instance.release()
+
+
+def test_mig_mode_the_driver_turned_on_goes_off_with_the_last_partition(h100):
+    built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    first = nv.nvmlDeviceGetHandleByIndex(0)
+    a = partitions.ensure("ns/a", inventory.get(f"{GPU}-mig-1g-10gb-0"))
+    b = partitions.ensure("ns/b", inventory.get(f"{GPU}-mig-1g-10gb-1"))
+    assert a.attributes["uuid"] != b.attributes["uuid"]
+    assert nv.nvmlDeviceGetMigMode(first)[0] == 1
+    held = [ClaimRecord("u", "ns", "b", State.PREPARE_COMPLETED, "boot",
+                        (PreparedDevice("mig", "node-a", f"{GPU}-mig-1g-10gb-1", ()),))]
+    assert partitions.release_unneeded(held) == []
+    assert nv.nvmlDeviceGetMigMode(first)[0] == 1, "one partition is still there"
+    assert partitions.release_unneeded([]) == []
+    assert nv.nvmlDeviceGetMigMode(first)[0] == 0
+    assert inventory.get(GPU) is not None and dynamic(built).inventory.get(GPU) is not None, \
+        "the whole GPU is offered again"
+    # A GPU whose MIG mode an administrator turned on keeps it (the 3g.40gb's GPU).
+    partitions.ensure("ns/c", inventory.get(f"{OTHER}-mig-1g-10gb-4"))
+    partitions.release_unneeded([])
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(1))[0] == 1

@@ -225,12 +225,36 @@ class MigPartitions:
         current, _ = nv.nvmlDeviceGetMigMode(parent)
         if current == nv.NVML_DEVICE_MIG_ENABLE:
             return
+        # Recorded first: the MIG mode goes back to off once no partition is left.
+        atomic.write(self._enabled_marker(str(device.attributes["parentUUID"])), b"enabled\n",
+                     mode=0o600, owner=self.records.instance.token)
         status = nv.nvmlDeviceSetMigMode(parent, nv.NVML_DEVICE_MIG_ENABLE)
         if status != nv.NVML_SUCCESS or nv.nvmlDeviceGetMigMode(parent)[0] != nv.NVML_DEVICE_MIG_ENABLE:
             self.records.remove(device.name)
             raise MigError(f"claim {claim}: MIG partition {device.name}: enabling MIG mode on "
                            "its GPU needs a GPU reset; enable it beforehand (nvidia-smi -mig 1)")
         self.log.info("mig_mode_enabled", gpu=device.attributes.get("parentUUID"))
+
+    def _enabled_marker(self, gpu_uuid: str) -> Path:
+        """Marks a GPU whose MIG mode this driver turned on (not a *.json record)."""
+        return self.records.directory / f"mig-mode-enabled-{gpu_uuid}"
+
+    def _restore_mig_mode(self, nv: Any, gpu_uuid: str) -> None:
+        """Turn MIG off again where we turned it on and no instance is left, so that the
+        whole GPU is offered again."""
+        marker = self._enabled_marker(gpu_uuid)
+        if not marker.exists():
+            return
+        parent = self._parent(nv, gpu_uuid)
+        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+            try:
+                nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+                return  # an instance (ours or anyone's) is still there
+            except nv.NVMLError_NotFound:
+                continue
+        nv.nvmlDeviceSetMigMode(parent, nv.NVML_DEVICE_MIG_DISABLE)
+        atomic.remove(marker)
+        self.log.info("mig_mode_disabled", gpu=gpu_uuid)
 
     def _find(self, nv: Any, record: MigRecord) -> Any | None:
         """The MIG device handle of the record's instance, if it exists."""
@@ -293,6 +317,11 @@ class MigPartitions:
                     self._destroy(nv, record)
                 except nv.NVMLError as err:
                     errors.append(f"MIG partition {record.device}: cannot destroy it: {err}")
+            for gpu_uuid in sorted({r.gpu_uuid for r in unneeded}):
+                try:
+                    self._restore_mig_mode(nv, gpu_uuid)
+                except nv.NVMLError as err:
+                    errors.append(f"GPU {gpu_uuid}: cannot turn MIG mode off again: {err}")
         finally:
             nv.nvmlShutdown()
         return errors
