@@ -193,6 +193,48 @@ def test_a_crash_between_the_two_nvml_calls_leaves_no_orphan(driver, tmp_path):
         assert state_instances(dirs) == [] and not list((dirs.state / "mig").glob("*.json"))
 
 
+def test_sigkill_between_the_two_nvml_calls_leaves_no_orphan(driver):
+    """The driver is killed while NVML creates the compute instance (the mock GPU is made
+    slow there): the GPU instance exists and is recorded, nothing else. The next start
+    destroys it; the kubelet's retry prepares the claim."""
+    import threading
+
+    dirs, start = driver
+    with ApiServer() as api:
+        api.add_node("node-a")
+        proc, kubelet = start(api)
+        (dirs.state / "mock" / "nvml-delays.json").write_text(
+            json.dumps({"nvmlGpuInstanceCreateComputeInstance": 30}))
+        claim = partition_claim(api, "killed", f"{GPU}-mig-4g-40gb-0")
+        thread = threading.Thread(target=lambda: _quietly(kubelet.prepare, [claim], timeout=40))
+        thread.start()
+        record = dirs.state / "mig" / f"{GPU}-mig-4g-40gb-0.json"
+        deadline = time.monotonic() + 20
+        while not (record.exists() and json.loads(record.read_text())["gpu_instance"] is not None):
+            assert time.monotonic() < deadline, proc.log()[-2000:]
+            time.sleep(0.05)
+        proc.kill()
+        thread.join()
+        assert [(i["start"], i["ci"]) for i in state_instances(dirs)] == [(0, None)], "half made"
+        (dirs.state / "mock" / "nvml-delays.json").unlink()
+        proc, kubelet = start(api)
+        deadline = time.monotonic() + 20
+        while state_instances(dirs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state_instances(dirs) == [], "the orphan GPU instance is destroyed"
+        assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+        assert [(i["start"], i["ci"]) for i in state_instances(dirs)] == [(0, 0)]
+        assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+        assert state_instances(dirs) == []
+
+
+def _quietly(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception:
+        pass
+
+
 @pytest.mark.parametrize("server, counters_slices", [((1, 34), 0), ((1, 35), 1)])
 def test_the_layout_follows_the_server_version(driver, server, counters_slices):
     dirs, start = driver

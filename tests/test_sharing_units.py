@@ -293,3 +293,21 @@ def test_mock_mps_control_daemon_behaves_like_the_real_one(h100, tmp_path):
     finally:
         if daemon.poll() is None:
             daemon.kill()
+
+
+def test_two_shares_of_one_claim_on_one_gpu_are_added_up(h100, tmp_path):
+    from driver.checkpoint import PreparedDevice
+    from driver.prepare.sharing import DeviceSharing, use_of
+
+    _, gpus = h100
+    gpu = gpus[0]
+    sharing = DeviceSharing(states=None, control=None, mps=None, boot_id="b",
+                            inventory=lambda: mock_inventory(gpus))
+    mine = [use_of("ns/c", PreparedDevice(r, "n", gpu.name, (), share_id=f"s-{r}",
+                                          consumed={"memory": "50Gi", "compute": "50"}), gpu)
+            for r in ("a", "b")]
+    with pytest.raises(ClaimError, match="overcommits"):
+        sharing.plan("ns/c", "uid", mine, [])
+    mine[1] = use_of("ns/c", PreparedDevice("b", "n", gpu.name, (), share_id="s-b",
+                                            consumed={"memory": "20Gi", "compute": "50"}), gpu)
+    assert sharing.plan("ns/c", "uid", mine, []) == {gpu.name: setups.Setup("MPS")}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from driver import names
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation

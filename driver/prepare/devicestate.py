@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver import atomic, names
 from driver.instance import Instance
+from driver.prepare.records import RecordStore
 from driver.prepare.setup import Setup
 
 FORMAT_VERSION = 1
@@ -56,43 +56,11 @@ class DeviceState:
             raise DeviceStateError(f"{source}: corrupt device state record: {err}") from err
 
 
-class DeviceStates:
-    """Read and written under the cross-process prepare lock, like the claim records."""
+class DeviceStates(RecordStore[DeviceState]):
+    """<state-dir>/devices: what was changed on each device."""
 
     def __init__(self, state_dir: Path, instance: Instance) -> None:
-        self.directory = state_dir / "devices"
-        self.instance = instance
-        self.directory.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.directory, instance.owner_state)
-
-    def path(self, device: str) -> Path:
-        if not names.is_dns_label(device):
-            raise DeviceStateError(f"device name {device!r} cannot name a state file")
-        return self.directory / f"{device}.json"
-
-    def get(self, device: str) -> DeviceState | None:
-        path = self.path(device)
-        try:
-            return DeviceState.from_json(path.read_bytes(), path)
-        except FileNotFoundError:
-            return None
-
-    def put(self, state: DeviceState) -> None:
-        atomic.write(self.path(state.device), state.to_json(), mode=0o600,
-                     owner=self.instance.token)
-
-    def remove(self, device: str) -> bool:
-        return atomic.remove(self.path(device))
+        super().__init__(state_dir / "devices", instance, DeviceState.from_json, DeviceStateError)
 
     def all(self) -> list[DeviceState | DeviceStateError]:
-        """Every record; an unreadable one comes back as its error (the caller logs it and
-        keeps the file for a human: guessing what to undo could break a device)."""
-        found: list[DeviceState | DeviceStateError] = []
-        for path in sorted(self.directory.glob("*.json")):
-            try:
-                found.append(DeviceState.from_json(path.read_bytes(), path))
-            except DeviceStateError as err:
-                found.append(err)
-            except OSError:
-                continue
-        return found
+        return self.all_or_errors()

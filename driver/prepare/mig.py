@@ -26,11 +26,12 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from driver import atomic, names
+from driver import atomic
 from driver.checkpoint import ClaimRecord, State
 from driver.devices.model import Device, DeviceKind, Inventory
 from driver.devices.nvml import NvmlDiscovery
 from driver.instance import Instance
+from driver.prepare.records import RecordStore
 
 FORMAT_VERSION = 1
 
@@ -66,41 +67,15 @@ class MigRecord:
             raise MigError(f"{source}: corrupt MIG record: {err}") from err
 
 
-class MigRecords:
-    """<state-dir>/mig: read and written under the cross-process prepare lock."""
+class MigRecords(RecordStore[MigRecord]):
+    """<state-dir>/mig: the partitions this driver created or is creating."""
 
     def __init__(self, state_dir: Path, instance: Instance) -> None:
-        self.directory = state_dir / "mig"
-        self.instance = instance
-        self.directory.mkdir(parents=True, exist_ok=True)
-        atomic.sweep_temp_files(self.directory, instance.owner_state)
-
-    def path(self, device: str) -> Path:
-        if not names.is_dns_label(device):
-            raise MigError(f"device name {device!r} cannot name a MIG record")
-        return self.directory / f"{device}.json"
-
-    def get(self, device: str) -> MigRecord | None:
-        path = self.path(device)
-        try:
-            return MigRecord.from_json(path.read_bytes(), path)
-        except FileNotFoundError:
-            return None
-
-    def put(self, record: MigRecord) -> None:
-        atomic.write(self.path(record.device), record.to_json(), mode=0o600, owner=self.instance.token)
-
-    def remove(self, device: str) -> None:
-        atomic.remove(self.path(device))
+        super().__init__(state_dir / "mig", instance, MigRecord.from_json, MigError)
 
     def all(self) -> list[MigRecord]:
-        found = []
-        for path in sorted(self.directory.glob("*.json")):
-            try:
-                found.append(MigRecord.from_json(path.read_bytes(), path))
-            except (MigError, OSError):
-                continue  # kept for a human; its instance is left alone
-        return found
+        # An unreadable record is kept for a human; its instance is left alone.
+        return [r for r in self.all_or_errors() if isinstance(r, MigRecord)]
 
     def owned(self) -> set[tuple[str, int]]:
         """(GPU UUID, GPU instance id) of the instances this driver created."""
@@ -126,7 +101,10 @@ class MigPartitions:
         nv = self.nvml
         if nv is None:
             raise MigError("NVML is not available on this node")
-        nv.nvmlInit()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as err:
+            raise MigError(f"NVML cannot be initialized: {err}") from err
         return nv
 
     def _parent(self, nv: Any, uuid: str) -> Any:

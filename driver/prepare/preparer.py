@@ -347,7 +347,10 @@ class Preparer:
             records = list(self.checkpoint.records())
             errors = self.sharing.release_unneeded(records)
             if self.mig is not None:
-                errors += self.mig.release_unneeded(records)
+                try:
+                    errors += self.mig.release_unneeded(records)
+                except MigError as err:
+                    errors.append(str(err))
         if errors:
             log.warning("device_setup_undo_failed", errors=errors)
             return f"claim {ref}: unprepared, but " + "; ".join(errors)
@@ -367,7 +370,10 @@ class Preparer:
             if self.mig is not None:
                 # Partitions a crash left behind (prepared, then the claim record never
                 # written; or unprepared before the destroy).
-                problems += self.mig.release_unneeded(records)
+                try:
+                    problems += self.mig.release_unneeded(records)
+                except MigError as err:
+                    problems.append(str(err))
             return problems
 
     def prepared_claims(self) -> list[str]:

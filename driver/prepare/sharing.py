@@ -99,22 +99,25 @@ class DeviceSharing:
         return {u.device.name: u.setup for u in self.uses(records, only=only) if u.setup is not None}
 
     def recorded(self) -> set[str]:
-        """Devices with a setup record (a directory listing: cheap enough for every call)."""
-        return {p.stem for p in self.states.directory.glob("*.json")}
+        """Devices with a setup record."""
+        return self.states.devices()
 
     # -- prepare -------------------------------------------------------------------------
     def plan(self, claim: str, uid: str, mine: list[Use], records: Iterable[ClaimRecord]) -> dict[str, Setup]:
         """Check the claim's devices against the claims already prepared; what to set up."""
         others = self.uses(records, skip_uid=uid, only={u.device.name for u in mine})
         plan: dict[str, Setup] = {}
-        for use in mine:
+        for position, use in enumerate(mine):
             same = [o for o in others if o.device.name == use.device.name]
             if use.setup is not None:  # first: the more telling message of the two
                 setups.check_compatible(claim, use.device, use.setup,
                                         [(o.claim, o.setup) for o in same if o.setup is not None])
             if use.share is not None:
+                # With this claim's own earlier shares: two requests may take two shares of
+                # one GPU.
+                own = [m for m in mine[:position] if m.device.name == use.device.name]
                 shares.check_fits(claim, use.device, use.share,
-                                  [(o.claim, o.share) for o in same if o.share is not None])
+                                  [(o.claim, o.share) for o in same + own if o.share is not None])
             if use.setup is not None:
                 if use.device.name in plan and plan[use.device.name] != use.setup:
                     raise ClaimError(f"claim {claim}: two of its requests ask for different "

@@ -18,9 +18,11 @@ new mode stays pending and the activation status is RESET_REQUIRED.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import stat
+import time
 import uuid
 from ctypes import c_uint, c_void_p
 from typing import Any
@@ -147,6 +149,20 @@ class MigManagement:
             if instance["gi"] == gi and instance.get("ci") == ci:
                 return gpu, instance
         raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+
+    def _slow(self, call: str) -> None:
+        """A GPU that takes its time: <mock root>/nvml-delays.json maps a C function to
+        seconds, so that a test can SIGKILL the driver while it waits in that call."""
+        root = getattr(self.state, "root", None)
+        if root is None:
+            return
+        try:
+            delays = json.loads((root / "nvml-delays.json").read_text())
+        except (OSError, ValueError):
+            return
+        seconds = delays.get(call) if isinstance(delays, dict) else None
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            time.sleep(seconds)
 
     def _save(self, gpu: FakeGpu, instances: list[dict]) -> None:
         self.state.update(gpu.uuid, instances=tuple(instances))
@@ -359,6 +375,7 @@ class MigManagement:
 
     @export(c_void_p, c_uint, c_void_p)
     def _nvmlGpuInstanceCreateComputeInstance(self, handle: int, profile_id: int, out: int) -> None:
+        self._slow("nvmlGpuInstanceCreateComputeInstance")
         gpu, instance = self._gi(handle)
         if instance.get("static"):
             raise self._fail("NVML_ERROR_INSUFFICIENT_RESOURCES")  # its compute instance exists

@@ -24,14 +24,15 @@ import itertools
 import sys
 import threading
 from ctypes import CFUNCTYPE, c_char_p, c_int, c_uint, c_ulonglong, c_void_p
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 from driver.devices.mock.fakemig import MigManagement
-from driver.devices.mock.model import FakeGpu, FakeMig, Return as _Return, export as _export
 from driver.devices.mock.gpustate import GpuStateStore, MemoryGpuStateStore
+from driver.devices.mock.model import FakeGpu, FakeMig
+from driver.devices.mock.model import Return as _Return
+from driver.devices.mock.model import export as _export
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 MAX_MIG_DEVICES = 7
