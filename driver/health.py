@@ -133,10 +133,14 @@ def _label_value(value: str) -> str:
 class XidWatcher:
     """NVML XID critical-error events -> gpu-xid conditions (MIG-attributed where NVML says)."""
 
-    def __init__(self, nvml: Any, state: HealthState, ignored: frozenset[int]) -> None:
+    def __init__(self, nvml: Any, state: HealthState, ignored: frozenset[int],
+                 partitions: Callable[[str, int], list[str]] = lambda bus_id, gi: []) -> None:
         self.nvml = nvml
         self.state = state
         self.ignored = ignored
+        # Dynamic MIG: the published partition that holds GPU instance `gi` on a GPU (the
+        # partition devices carry no instance ids; the MIG records know them).
+        self.partitions = partitions
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.log = structlog.get_logger(component="health")
@@ -220,6 +224,9 @@ class XidWatcher:
             attributed = [d for d in targets if d.kind is DeviceKind.MIG
                           and d.attributes.get("gpuInstanceID") == gi
                           and (ci == NO_INSTANCE or d.attributes.get("computeInstanceID") == ci)]
+            if not attributed:
+                holders = set(self.partitions(bus_id, gi))
+                attributed = [d for d in targets if d.name in holders]
             targets = attributed or targets
         for device in targets:
             self.state.set(device.name, "gpu-xid", str(xid), f"NVML reported critical XID {xid}")

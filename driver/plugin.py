@@ -186,7 +186,14 @@ class Plugin:
                 why += f" (kubelet rejected the registration: {registration.last_error})"
             return registered and published, why
 
-        xid = XidWatcher(node.nvml, health, config.ignored_xids) if node.nvml is not None else None
+        def partitions(bus_id: str, gi: int) -> list[str]:
+            devices = {d.name: d for d in holder.inventory.devices}
+            return [r.device for r in mig_records.all() if r.gpu_instance == gi
+                    and r.device in devices and devices[r.device].pci is not None
+                    and devices[r.device].pci.bus_id == bus_id]
+
+        xid = (XidWatcher(node.nvml, health, config.ignored_xids, partitions)
+               if node.nvml is not None else None)
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                    health, prober, metrics, Probes(ready), instance, xid)
 

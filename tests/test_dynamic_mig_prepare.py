@@ -313,3 +313,30 @@ def test_mig_mode_the_driver_turned_on_goes_off_with_the_last_partition(h100):
     partitions.ensure("ns/c", inventory.get(f"{OTHER}-mig-1g-10gb-4"))
     partitions.release_unneeded([])
     assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(1))[0] == 1
+
+
+def test_an_xid_in_a_created_partition_marks_that_partition_only(h100):
+    from driver.health import HealthState, XidWatcher
+
+    built, inventory, partitions = h100
+    device = inventory.get(f"{GPU}-mig-3g-40gb-4")
+    partitions.ensure("ns/c", device)
+    (record,) = partitions.records.all()
+    state = HealthState("accel.dra.io", lambda: inventory)
+
+    def holders(bus_id: str, gi: int) -> list[str]:
+        return [r.device for r in partitions.records.all() if r.gpu_instance == gi
+                and inventory.get(r.device).pci.bus_id == bus_id]
+
+    watcher = XidWatcher(built.nvml, state, frozenset(), holders)
+    watcher.start()
+    try:
+        assert watcher.ready.wait(10)
+        built.library.inject_xid(0, 94, gpu_instance=record.gpu_instance, compute_instance=0)
+        deadline = time.monotonic() + 10
+        while not state.taints() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        taints = state.taints()
+        assert set(taints) == {device.name}, taints
+    finally:
+        watcher.stop()
