@@ -102,20 +102,23 @@ class Inventory:
     # Shared counters of partitionable devices: counter set name -> counter -> quantity.
     counter_sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
+    _by_name: Mapping[str, Device] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
+
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.devices, key=lambda d: d.name))
-        seen: set[str] = set()
+        by_name: dict[str, Device] = {}
         for device in ordered:
-            if device.name in seen:
+            if device.name in by_name:
                 raise ValueError(f"two devices are named {device.name!r}")
-            seen.add(device.name)
+            by_name[device.name] = device
         object.__setattr__(self, "devices", ordered)
+        # Prepare looks devices up by name for every claim and every record it checks: a
+        # scan of 2,048 devices each time would be its largest cost on a big node.
+        object.__setattr__(self, "_by_name", by_name)
 
     def get(self, name: str) -> Device | None:
-        for device in self.devices:
-            if device.name == name:
-                return device
-        return None
+        return self._by_name.get(name)
 
     def by_kind(self, kind: DeviceKind) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.kind is kind)
