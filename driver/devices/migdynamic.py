@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from driver import names
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
@@ -56,20 +56,26 @@ def counter_set_name(gpu: str) -> str:
     return gpu  # one set per GPU, named like the GPU (a DNS label)
 
 
-def profiles(nv: Any, handle: Any) -> list[Partition]:
-    """Every (profile, placement) NVML reports for the GPU."""
-    found = []
+def profile_infos(nv: Any, handle: Any) -> Iterator[tuple[int, Any, str]]:
+    """(NVML_GPU_INSTANCE_PROFILE_* index, profile info, name such as "3g.40gb") of every
+    GPU instance profile the GPU has."""
     for index in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
             info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
         except (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument):
             continue
+        name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+        yield index, info, name.split()[-1]  # "MIG 3g.40gb"
+
+
+def profiles(nv: Any, handle: Any) -> list[Partition]:
+    """Every (profile, placement) NVML reports for the GPU."""
+    found = []
+    for index, info, profile in profile_infos(nv, handle):
         count = ctypes.c_uint(0)
         nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, None, ctypes.byref(count))
         array = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
         nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, array, ctypes.byref(count))
-        name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
-        profile = name.split()[-1]  # "MIG 3g.40gb"
         for placement in array[:count.value]:
             found.append(Partition(profile, index, info.id, placement.start, placement.size,
                                    info.sliceCount, info.memorySizeMB,
@@ -96,18 +102,17 @@ def consumption(partition: Partition) -> dict[str, str]:
 
 
 def partition_devices(
-    nv: Any, handle: Any, gpu: Device, minor: int, location: PciLocation,
+    partitions: list[Partition], gpu: Device, minor: int, location: PciLocation,
     occupied: set[int], problems: Problems, mig_enabled: bool, architecture: int | None,
 ) -> tuple[list[Device], dict[str, dict[str, str]]] | None:
     """The GPU's offer in dynamic mode, or None where it can only be offered whole (Ampere
-    with MIG off: enabling MIG needs a reset). `occupied`: memory slices of instances this
-    driver did not create."""
+    with MIG off: enabling MIG needs a reset). `partitions`: what profiles() reports;
+    `occupied`: memory slices of instances this driver did not create."""
     if not mig_enabled and architecture is not None and architecture <= AMPERE:
         problems.note(gpu.name, "MIG mode is off and this GPU changes it only with a reset: "
                                 "offered whole; enable MIG mode (nvidia-smi -mig 1, then a GPU "
                                 "reset) to offer its partitions")
         return None
-    partitions = profiles(nv, handle)
     if not partitions:
         return None
     set_name = counter_set_name(gpu.name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import re
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from driver import names
 from driver.devices import migdynamic, pci
@@ -58,6 +58,15 @@ def cuda_version(encoded: int) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_handles(nv: Any, parent: Any) -> Iterator[tuple[int, Any]]:
+    """(slot, handle) of every MIG device of a GPU; empty slots are skipped."""
+    for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            yield slot, nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+        except nv.NVMLError_NotFound:
+            continue
 
 
 class NvmlDiscovery:
@@ -213,7 +222,7 @@ class NvmlDiscovery:
                     if (uuid, info.id) not in owned:
                         occupied |= set(range(info.placement.start,
                                               info.placement.start + info.placement.size))
-        offer = migdynamic.partition_devices(nv, handle, whole, minor, location, occupied,
+        offer = migdynamic.partition_devices(partitions, whole, minor, location, occupied,
                                              problems, enabled, arch)
         if offer is None:
             return None
@@ -246,11 +255,7 @@ class NvmlDiscovery:
         if current != nv.NVML_DEVICE_MIG_ENABLE:
             return None
         devices: list[Device] = []
-        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
-            try:
-                handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
-            except nv.NVMLError_NotFound:
-                continue  # empty slot
+        for slot, handle in mig_handles(nv, parent):
             try:
                 devices.append(
                     self._mig(handle, parent_name, parent_uuid, parent_minor, parent_attrs, location)

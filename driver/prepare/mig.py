@@ -29,7 +29,8 @@ import structlog
 from driver import atomic
 from driver.checkpoint import ClaimRecord, State
 from driver.devices.model import Device, DeviceKind, Inventory
-from driver.devices.nvml import NvmlDiscovery
+from driver.devices import migdynamic
+from driver.devices.nvml import NvmlDiscovery, mig_handles
 from driver.instance import Instance
 from driver.prepare.records import RecordStore
 
@@ -137,12 +138,16 @@ class MigPartitions:
         uuid = str(attrs["parentUUID"])
         profile_name = str(attrs["profile"])
         parent = self._parent(nv, uuid)
-        index = self._profile_index(nv, parent, profile_name)
+        found = [(i, info) for i, info, name in migdynamic.profile_infos(nv, parent)
+                 if name == profile_name]
+        if not found:
+            raise MigError(f"claim {claim}: MIG partition {device.name}: its GPU has no MIG "
+                           f"profile {profile_name!r}")
+        (index, info), = found
         record = MigRecord(device.name, uuid, index, int(attrs["placementStart"]),
                            int(attrs["placementSize"]), self.boot_id)
         self.records.put(record)  # before anything exists: a crash leaves a record to clean
         self._enable_mig(nv, parent, claim, device)
-        info = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
         placement = nv.c_nvmlGpuInstancePlacement_t(record.start, record.size)
         try:
             gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(parent, info.id, ctypes.byref(placement))
@@ -175,17 +180,6 @@ class MigPartitions:
         self.log.info("mig_partition_created", device=device.name, claim=claim,
                       gpu_instance=gi_id, compute_instance=record.compute_instance)
         return self._concrete(nv, device, record, found)
-
-    def _profile_index(self, nv: Any, parent: Any, profile: str) -> int:
-        for index in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
-            except (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument):
-                continue
-            name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
-            if name.split()[-1] == profile:
-                return index
-        raise MigError(f"GPU has no MIG profile {profile!r}")
 
     def _full_ci_profile(self, nv: Any, gi: Any, slices: int) -> int:
         """The compute instance profile that spans the whole GPU instance."""
@@ -224,12 +218,8 @@ class MigPartitions:
         if not marker.exists():
             return
         parent = self._parent(nv, gpu_uuid)
-        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
-            try:
-                nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
-                return  # an instance (ours or anyone's) is still there
-            except nv.NVMLError_NotFound:
-                continue
+        if any(True for _ in mig_handles(nv, parent)):
+            return  # an instance (ours or anyone's) is still there
         nv.nvmlDeviceSetMigMode(parent, nv.NVML_DEVICE_MIG_DISABLE)
         atomic.remove(marker)
         self.log.info("mig_mode_disabled", gpu=gpu_uuid)
@@ -237,11 +227,7 @@ class MigPartitions:
     def _find(self, nv: Any, record: MigRecord) -> Any | None:
         """The MIG device handle of the record's instance, if it exists."""
         parent = self._parent(nv, record.gpu_uuid)
-        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
-            try:
-                handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
-            except nv.NVMLError_NotFound:
-                continue
+        for _, handle in mig_handles(nv, parent):
             if nv.nvmlDeviceGetGpuInstanceId(handle) == record.gpu_instance:
                 return handle
         return None
@@ -288,7 +274,11 @@ class MigPartitions:
         unneeded = [r for r in recorded if r.device not in held]
         if not unneeded:
             return []
-        nv = self._session()
+        try:
+            nv = self._session()
+        except MigError as err:
+            return [f"MIG partitions {', '.join(r.device for r in unneeded)}: cannot destroy "
+                    f"them: {err}"]
         try:
             for record in unneeded:
                 try:

@@ -10,6 +10,9 @@ Per claim, in order:
     no record, or the claim was reallocated under the same UID  -> exclusivity check
                                                                    against other claims,
                                                                    spec, PrepareCompleted
+Claims that share a GPU (time-slicing, MPS, consumable shares) or take a dynamic MIG
+partition also get their device set up, before the spec that relies on it is written
+(driver/prepare/sharing.py, driver/prepare/mig.py).
 A record alone is never trusted: a claim can be deallocated and allocated anew (other
 devices) while keeping its UID, and the kubelet would then get yesterday's devices.
 The spec's file name is derived from the claim UID, so a crash between the two writes
@@ -345,12 +348,7 @@ class Preparer:
         # (and the periodic reconcile) tries again, with or without a record.
         with self._sharing_lock:
             records = list(self.checkpoint.records())
-            errors = self.sharing.release_unneeded(records)
-            if self.mig is not None:
-                try:
-                    errors += self.mig.release_unneeded(records)
-                except MigError as err:
-                    errors.append(str(err))
+            errors = self.sharing.release_unneeded(records) + self._release_partitions(records)
         if errors:
             log.warning("device_setup_undo_failed", errors=errors)
             return f"claim {ref}: unprepared, but " + "; ".join(errors)
@@ -366,15 +364,13 @@ class Preparer:
     def _reconcile_sharing(self) -> list[str]:
         with self._sharing_lock:
             records = list(self.checkpoint.records())
-            problems = self.sharing.reconcile(records)
-            if self.mig is not None:
-                # Partitions a crash left behind (prepared, then the claim record never
-                # written; or unprepared before the destroy).
-                try:
-                    problems += self.mig.release_unneeded(records)
-                except MigError as err:
-                    problems.append(str(err))
-            return problems
+            # Also partitions a crash left behind (prepared, then the claim record never
+            # written; or unprepared before the destroy).
+            return self.sharing.reconcile(records) + self._release_partitions(records)
+
+    def _release_partitions(self, records: list[ClaimRecord]) -> list[str]:
+        """Destroy the MIG partitions no prepared claim holds; the errors."""
+        return self.mig.release_unneeded(records) if self.mig is not None else []
 
     def prepared_claims(self) -> list[str]:
         return self.checkpoint.uids()
