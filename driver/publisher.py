@@ -120,6 +120,17 @@ def _content(obj: dict) -> dict:
     }
 
 
+def _uses(obj: dict | None, device_field: str, spec_field: str | None = None) -> bool:
+    spec = (obj or {}).get("spec") or {}
+    return bool(spec_field and spec.get(spec_field)) or any(
+        d.get(device_field) for d in spec.get("devices") or [])
+
+
+def _dropped(sent: dict, stored: dict | None, device_field: str, spec_field: str | None = None) -> bool:
+    """We sent the field and the server did not keep it (its feature gate is off)."""
+    return _uses(sent, device_field, spec_field) and not _uses(stored, device_field, spec_field)
+
+
 def _differs(have: dict, want: dict) -> bool:
     return _content(have) != _content(want)
 
@@ -312,23 +323,16 @@ class Publisher:
         else:
             stored = self.kube.request("PUT", f"{self._base()}/{name}", body=_updated(have, obj))
             self.log.debug("slice_updated", slice=name)
-        sent = any(d.get("taints") for d in obj["spec"].get("devices", []))
-        kept = any(d.get("taints") for d in (stored or {}).get("spec", {}).get("devices", []))
-        if sent and not kept and self.taints_supported:
+        # Fields of a disabled feature gate are dropped by the server without an error:
+        # stop sending them rather than rewriting the slice forever.
+        if _dropped(obj, stored, "taints") and self.taints_supported:
             self.taints_supported = False
             self.log.warning("device_taints_unsupported",
                              hint="enable the DRADeviceTaints feature gate to publish unhealthy devices as taints")
-        sent = bool(obj["spec"].get("sharedCounters")) or any(
-            d.get("consumesCounters") for d in obj["spec"].get("devices", []))
-        kept = bool((stored or {}).get("spec", {}).get("sharedCounters")) or any(
-            d.get("consumesCounters") for d in (stored or {}).get("spec", {}).get("devices", []))
-        if sent and not kept:
+        if _dropped(obj, stored, "consumesCounters", "sharedCounters"):
             self._drop_counters("the API server dropped sharedCounters/consumesCounters: enable "
                                 "the DRAPartitionableDevices feature gate (on by default from 1.36)")
-        sent = any(d.get("allowMultipleAllocations") for d in obj["spec"].get("devices", []))
-        kept = any(d.get("allowMultipleAllocations")
-                   for d in (stored or {}).get("spec", {}).get("devices", []))
-        if sent and not kept and self.sharing_supported:
+        if _dropped(obj, stored, "allowMultipleAllocations") and self.sharing_supported:
             self.sharing_supported = False
             self.log.warning("consumable_capacity_unsupported", publishing="exclusive",
                              hint="the API server dropped allowMultipleAllocations: enable the "
