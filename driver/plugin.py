@@ -57,12 +57,18 @@ class StartupError(Exception):
 
 
 @dataclass
+class DiscoverySettings:
+    """What rediscovery reads that can change while the driver runs: the MIG mode
+    ("dynamic" becomes "static" when the API server cannot take shared counters)."""
+
+    mig_mode: str
+
+
+@dataclass
 class InventoryHolder:
     """The current inventory; replaced whole by rediscovery, read by prepare and publish."""
 
     result: DiscoveryResult
-    # "dynamic" becomes "static" when the API server cannot take shared counters.
-    mig_mode: str = "static"
 
     @property
     def inventory(self) -> Inventory:
@@ -105,15 +111,14 @@ class Plugin:
     def _create(cls, config: Config, kube: Kube | None, instance: Instance) -> "Plugin":
         node = open_node(config, instance=instance)
         mig_records = MigRecords(config.state_dir, instance)
-        mig_mode = config.mig_mode
+        settings = DiscoverySettings(config.mig_mode)
 
         def sources():
-            return node.sources(config, holder.mig_mode if holder else mig_mode, mig_records.owned)
+            return node.sources(config, settings.mig_mode, mig_records.owned)
 
-        holder = None
         result = discover(sources())
         log_result(result, logs.get("discovery"))
-        holder = InventoryHolder(result, mig_mode)
+        holder = InventoryHolder(result)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
         kube = kube or Kube(api_client(config.kubeconfig))
         checkpoint = Checkpoint(config.state_dir, instance)
@@ -157,7 +162,7 @@ class Plugin:
         health.subscribe(publisher.trigger)
 
         def static_mig() -> None:  # the server has no shared counters: publish MIG as it is
-            holder.mig_mode = "static"
+            settings.mig_mode = "static"
             rediscovery.notify()
 
         publisher.counters_unsupported = static_mig

@@ -96,12 +96,12 @@ def node():
     dirs = DriverDirs.make()
     with ApiServer() as api:
         api.add_node("node-a")
+        # Leaving the runner ends every daemon the test left, as a node shutting down would.
         with PodRunner(api, "node-a", dirs.root / "pod-logs") as runner:
             n = Node(api, dirs, runner)
             yield n
             n.kubelet.close()
             n.driver.kill()
-            # Nothing the test left may keep running: stop the daemons as the kubelet would.
     dirs.cleanup()
 
 

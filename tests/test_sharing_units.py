@@ -124,7 +124,7 @@ def test_share_limits_from_consumed_capacity(h100, mig):
     gpu = gpus[0]
     share = shares.limits("ns/c", gpu, {"memory": "20Gi", "compute": "30"})
     assert share == limits(20, 30) and share.memory_mib == 20480
-    env = shares.env("DRA_X", "sid", share)
+    env = shares.env("DRA_X", share)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in env
     assert shares.limits("ns/c", gpu, {}) == shares.ShareLimits(81559 << 20, 100), "absent = all"

@@ -86,11 +86,10 @@ def _gib(size: int) -> str:
     return f"{Decimal(size) / (1 << 30):.4g}Gi"
 
 
-def env(prefix: str, share_id: str, share: ShareLimits) -> list[str]:
+def env(prefix: str, share: ShareLimits) -> list[str]:
     """The share's own MPS client limits, and what it was given, for the workload to read.
     The MPS client limits can only lower what the server allows (see docs/sharing.md)."""
     return [
-        f"{prefix}_SHARE_ID={share_id}",
         f"{prefix}_MEMORY_LIMIT={share.memory_mib}Mi",
         f"{prefix}_COMPUTE_PERCENT={share.compute_percent}",
         f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_percent}",

@@ -295,8 +295,7 @@ class DeviceSharing:
             paths = self.mps.paths(use.device.name)
             env.append(f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}")
             if use.share is not None:
-                env += [e for e in shares.env(prefix, use.share_id or "", use.share)
-                        if not e.startswith(f"{prefix}_SHARE_ID=")]
+                env += shares.env(prefix, use.share)
             mounts += [Mount(str(paths.pipe), CONTAINER_PIPE_DIR, SHARE_MOUNT_OPTIONS),
                        Mount(str(paths.shm), "/dev/shm", SHARE_MOUNT_OPTIONS)]
         return env, mounts
