@@ -240,11 +240,19 @@ def test_the_daemon_outlives_the_driver_and_a_restart_adopts_it(node):
 def test_a_deleted_daemon_pod_is_recreated_for_its_claims(node):
     claim = new_claim(node.api, "revive", [share(GPU, "10Gi", "20")])
     assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
-    (name,) = node.pods()
+    ((name, pod),) = node.pods().items()
     with node.api.state.lock:
         node.api.state.pods[(NAMESPACE, name)]["metadata"]["deletionTimestamp"] = "now"
-    node.wait(lambda: name not in node.pods(), what="the pod to go")
-    node.wait(lambda: name in node.pods() and (node.mps_dir(GPU) / "ready").exists(), what="the pod to come back")
+
+    def replaced() -> bool:
+        # By uid, not by name: the driver may delete and re-create the pod
+        # between two polls, so "the name was gone for a moment" can be missed.
+        again = node.pods().get(name)
+        return again is not None and again["metadata"]["uid"] != pod["metadata"]["uid"]
+
+    node.wait(replaced, what="the pod to be re-created")
+    assert "deletionTimestamp" not in node.pods()[name]["metadata"]
+    node.wait(lambda: (node.mps_dir(GPU) / "ready").exists(), what="the new daemon to be ready")
     node.wait(lambda: "device_setup_restored" in node.driver.log(), what="the log")
 
 
