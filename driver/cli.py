@@ -70,6 +70,18 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--cdi-root", type=Path, default=None, metavar="DIR",
                       help="where the demo's CDI specs go (default: /var/run/cdi where podman can "
                            "start a container, else a temporary directory)")
+    explain = commands.add_parser("explain", help="why a ResourceClaim is pending: each device and "
+                                                  "the first reason it does not fit",
+                                  description="Explain, node by node and device by device, why a "
+                                              "ResourceClaim or ResourceClaimTemplate fits or does not: "
+                                              "the selector that was false and what it saw, CEL errors, "
+                                              "taints, other claims' allocations, capacity and counters, "
+                                              "constraints. Reads a cluster (kubeconfig) or, offline, "
+                                              "--slices FILE / --mock PROFILE. Exit status: 0 fits on "
+                                              "some node, 1 fits nowhere, 2 usage error.")
+    from driver.explain import command as explain_command
+
+    explain_command.add_arguments(explain)
     daemon = commands.add_parser("mps-control-daemon",
                                  help="run a GPU's MPS control daemon (the driver's MPS pods run this)",
                                  description="Start the node's nvidia-cuda-mps-control for one GPU, "
@@ -93,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root,
                          mig_mode=args.mig_mode)
+    if args.command == "explain":
+        from driver.explain import command as explain_command
+
+        return explain_command.run(args)
     if args.command == "mps-control-daemon":
         from driver import mps_daemon
 

@@ -189,7 +189,7 @@ class Demo:
                 api.wait_for(lambda: bool(api.state.slices), timeout=30)
                 time.sleep(0.3)
                 stored = api.slices()
-                inventory, shares, counters = _inventory_from_slices(stored, self.driver)
+                inventory, shares, counters, device_taints = _inventory_from_slices(stored, self.driver)
                 self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
                          f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
                 classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
@@ -204,7 +204,7 @@ class Demo:
                     spec = fill(claim.spec, self.driver)
                     try:
                         choices = allocate(spec, inventory, classes, self.driver, taken, shares,
-                                           counters)
+                                           counters, device_taints)
                     except Unsatisfiable as error:
                         if claim.expect_pending:
                             self.out(f"\n== claim {claim.name}: {claim.what}\n   pending, as "
@@ -356,13 +356,14 @@ def _share(result: dict) -> str:
 
 def _inventory_from_slices(stored: list[dict], driver: str):
     """Devices as the scheduler sees them: from the published slices, not from discovery;
-    and the capacity of those that allow multiple allocations."""
+    the capacity of those that allow multiple allocations, the counters, and the taints."""
     from driver.devices.model import Version
     from driver.sim.allocator import Counters, Shares
 
     devices = []
     shares = Shares()
     counters = Counters()
+    device_taints: dict[str, list[dict]] = {}
     for obj in stored:
         for counter_set in obj["spec"].get("sharedCounters") or []:
             counters.totals[counter_set["name"]] = {
@@ -374,6 +375,8 @@ def _inventory_from_slices(stored: list[dict], driver: str):
                     for use in d["consumesCounters"]}
             if d.get("allowMultipleAllocations"):
                 shares.capacity[d["name"]] = d.get("capacity", {})
+            if d.get("taints"):
+                device_taints[d["name"]] = list(d["taints"])
             attrs = {}
             for key, value in d.get("attributes", {}).items():
                 (kind, v), = value.items()
@@ -381,4 +384,4 @@ def _inventory_from_slices(stored: list[dict], driver: str):
             kind = DeviceKind(attrs["type"])
             devices.append(Device(d["name"], kind, attrs,
                                   {k: c["value"] for k, c in d.get("capacity", {}).items()}))
-    return Inventory(tuple(devices)), shares, counters
+    return Inventory(tuple(devices)), shares, counters, device_taints

@@ -1,9 +1,10 @@
 """A small allocator for the demo and the tests: picks devices for a claim the way the
 scheduler would for the features our examples use (DeviceClass and request CEL
-selectors, ExactCount, firstAvailable, matchAttribute constraints, opaque configs, and
-consumable capacity: devices that allow multiple allocations, capacity requests rounded
-by the request policy, shareID and consumedCapacity in the result; partitionable devices:
-a device fits only while the shared counters it consumes have room).
+selectors, ExactCount, firstAvailable, matchAttribute constraints, device taints and
+request tolerations, opaque configs, and consumable capacity: devices that allow multiple
+allocations, capacity requests rounded by the request policy, shareID and consumedCapacity
+in the result; partitionable devices: a device fits only while the shared counters it
+consumes have room). A CEL runtime error fails the allocation, as in the scheduler.
 It is not the scheduler: no scoring, no cross-claim bookkeeping beyond `taken` (devices
 allocated whole) and `Shares` (capacity consumed on multi-allocatable devices)."""
 
@@ -16,7 +17,8 @@ from decimal import ROUND_CEILING, Decimal
 
 from driver import quantity
 from driver.devices.model import Device, Inventory
-from driver.sim.cel import matches
+from driver.sim import taints
+from driver.sim.cel import CelError, matches
 
 
 class Unsatisfiable(Exception):
@@ -118,21 +120,38 @@ def _canonical(value: Decimal) -> str:
 
 
 def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: dict, driver: str,
-                taken: set[str]) -> list[Device]:
-    expressions = list(classes.get(exactly["deviceClassName"], [])) if exactly.get("deviceClassName") in classes else None
-    if expressions is None:
-        raise Unsatisfiable(f"unknown DeviceClass {exactly.get('deviceClassName')!r}")
-    expressions += [s["cel"]["expression"] for s in exactly.get("selectors", [])]
-    return [d for d in inventory.devices
-            if d.name not in taken and all(matches(e, d, driver) for e in expressions)]
+                taken: set[str], device_taints: dict[str, list[dict]]) -> list[Device]:
+    class_name = exactly.get("deviceClassName")
+    if class_name not in classes:
+        raise Unsatisfiable(f"unknown DeviceClass {class_name!r}")
+    selectors = [(f"class {class_name}", i, e) for i, e in enumerate(classes[class_name])]
+    selectors += [("claim", i, s["cel"]["expression"]) for i, s in enumerate(exactly.get("selectors", []))]
+    chosen = []
+    for device in inventory.devices:
+        if device.name in taken:
+            continue
+        for owner, index, expression in selectors:
+            try:
+                if not matches(expression, device, driver):
+                    break
+            except CelError as err:
+                # As the scheduler: a CEL error aborts the allocation, it does not skip a device.
+                raise Unsatisfiable(f"{owner}: selector #{index}: CEL runtime error: {err.message} "
+                                    f"(device {device.name})") from None
+        else:
+            if taints.blocking(device_taints.get(device.name, ()), exactly.get("tolerations") or ()) is None:
+                chosen.append(device)
+    return chosen
 
 
 def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str]], driver: str,
              taken: set[str] | None = None, shares: Shares | None = None,
-             counters: Counters | None = None) -> list[Choice]:
+             counters: Counters | None = None,
+             device_taints: dict[str, list[dict]] | None = None) -> list[Choice]:
     """Devices for the claim. With `shares`, multi-allocatable devices are taken by capacity
     (and `shares` records what the result consumes); with `counters`, partitionable devices
-    by the room left in their counter sets (recorded likewise)."""
+    by the room left in their counter sets (recorded likewise); `device_taints` (device ->
+    its taints) keeps devices from requests that do not tolerate them."""
     taken = set(taken or ())
     shares = shares or Shares()
     counters = counters or Counters()
@@ -150,7 +169,7 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
         for name, spec, count in alternatives:
             requests = ((spec.get("capacity") or {}).get("requests")) or {}
             candidates = []
-            for device in _candidates(inventory, classes, spec, driver, taken):
+            for device in _candidates(inventory, classes, spec, driver, taken, device_taints or {}):
                 if not counters.fits(device.name):
                     continue  # its counters are taken by what was allocated before
                 if device.name in shares.capacity:

@@ -44,6 +44,10 @@ class State:
     slices: dict[str, dict] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # Read-only objects for clients that only read them (`dra-driver explain`):
+    # (resource, namespace or "", name) -> object; resources: deviceclasses,
+    # resourceclaimtemplates, devicetaintrules, namespaces.
+    objects: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
     # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
     pod_nodes: set[str] = field(default_factory=set)
@@ -114,6 +118,12 @@ class ApiServer:
         with self.state.lock:
             self.state.claims[(meta["namespace"], meta["name"])] = copy.deepcopy(claim)
 
+    def put_object(self, resource: str, obj: dict) -> None:
+        """Store a DeviceClass, ResourceClaimTemplate, DeviceTaintRule or Namespace."""
+        meta = obj["metadata"]
+        with self.state.lock:
+            self.state.objects[(resource, meta.get("namespace", ""), meta["name"])] = copy.deepcopy(obj)
+
     def delete_claim(self, namespace: str, name: str) -> None:
         with self.state.lock:
             self.state.claims.pop((namespace, name), None)
@@ -180,6 +190,10 @@ def claim_allocated(namespace: str, name: str, uid: str, results: list[dict],
 _SLICES = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/resourceslices(?:/([^/]+))?$")
 _CLAIM = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/namespaces/([^/]+)/resourceclaims/([^/]+)$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+_NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
+# Reads of other resource.k8s.io objects: lists, and named GETs.
+_READS = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1|v1alpha3)/(?:namespaces/([^/]+)/)?"
+                    r"(deviceclasses|resourceclaimtemplates|resourceclaims|devicetaintrules)(?:/([^/]+))?$")
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
 
 
@@ -273,7 +287,36 @@ class _Handler(BaseHTTPRequestHandler):
             if version not in self.state.versions:
                 return self._status(404, "version not served", "NotFound")
             return self._slices(method, version, name, query, body)
+        if method == "GET" and (m := _NAMESPACE.match(url.path)):
+            with self.state.lock:
+                found = copy.deepcopy(self.state.objects.get(("namespaces", "", m.group(1))))
+            return self._send(200, found) if found else self._status(404, "namespace not found", "NotFound")
+        if method == "GET" and (m := _READS.match(url.path)):
+            return self._read(*m.groups())
         self._status(404, f"no route for {method} {url.path}", "NotFound")
+
+    def _read(self, version: str, namespace: str | None, resource: str, name: str | None) -> None:
+        # devicetaintrules is alpha (v1alpha3) before 1.36; the rest follow the served versions.
+        served = self.state.versions + (["v1alpha3"] if resource == "devicetaintrules" else [])
+        if version not in served:
+            return self._status(404, "version not served", "NotFound")
+        with self.state.lock:
+            if resource == "resourceclaims":
+                found = [c for (ns, _), c in self.state.claims.items() if namespace in (None, ns)]
+            else:
+                found = [o for (r, ns, _), o in self.state.objects.items()
+                         if r == resource and namespace in (None, ns or None)]
+            found = copy.deepcopy([o for o in found if name in (None, o["metadata"]["name"])])
+        for obj in found:
+            obj["apiVersion"] = f"{GROUP}/{version}"
+        if name is not None:
+            if not found:
+                return self._status(404, f"{resource} {name!r} not found", "NotFound")
+            return self._send(200, found[0])
+        kind = {"deviceclasses": "DeviceClassList", "resourceclaimtemplates": "ResourceClaimTemplateList",
+                "resourceclaims": "ResourceClaimList", "devicetaintrules": "DeviceTaintRuleList"}[resource]
+        self._send(200, {"apiVersion": f"{GROUP}/{version}", "kind": kind, "items": found,
+                         "metadata": {"resourceVersion": str(self.state.resource_version)}})
 
     def _record(self, method: str, path: str, query: dict) -> None:
         if _NODE.match(path):
@@ -292,6 +335,10 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 verb = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}[method]
             access = (verb, GROUP, "resourceslices")
+        elif m := _READS.match(path):
+            access = ("get" if m.group(4) else "list", GROUP, m.group(3))
+        elif _NAMESPACE.match(path):
+            access = ("get", "", "namespaces")
         else:
             return  # discovery: non-resource URLs every authenticated user may read
         with self.state.lock:

@@ -1,0 +1,127 @@
+"""`dra-driver explain`: options, inputs, verdicts, exit status (0 fits on some node,
+1 fits nowhere, 2 usage error: a bad file, an unknown claim, an unreachable cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from driver.explain import engine, render, sources
+from driver.explain import world as w
+
+EXIT_FITS, EXIT_NOWHERE, EXIT_USAGE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from driver.devices.mock import builtin_profiles
+
+    parser.add_argument("claim", nargs="?", metavar="CLAIM",
+                        help="a ResourceClaim name, else a ResourceClaimTemplate name (in the cluster, "
+                             "the --slices files or -f FILE)")
+    parser.add_argument("-f", "--filename", type=Path, metavar="FILE",
+                        help="explain the ResourceClaims / ResourceClaimTemplates of this YAML file "
+                             "(DeviceClasses in it are used too)")
+    parser.add_argument("-n", "--namespace", default=None,
+                        help="the claim's namespace (default: the claim's own, else default)")
+    parser.add_argument("--node", action="append", default=[], metavar="NODE",
+                        help="consider only this node (repeatable)")
+    parser.add_argument("--kubeconfig", type=Path, default=None,
+                        help="read the cluster through this kubeconfig (default: $KUBECONFIG, "
+                             "~/.kube/config, in-cluster)")
+    parser.add_argument("--slices", action="append", type=Path, default=[], metavar="FILE",
+                        help="offline: ResourceSlices (and DeviceClasses, allocated ResourceClaims, "
+                             "Namespaces, DeviceTaintRules) from this YAML/JSON file (repeatable)")
+    parser.add_argument("--mock", metavar="PROFILE",
+                        help=f"offline: the devices of a mock node ({', '.join(builtin_profiles())}) "
+                             "with the chart's DeviceClasses")
+    parser.add_argument("--driver-name", default="accel.dra.io", help="--mock: the driver name")
+    parser.add_argument("--gpu-sharing", choices=("exclusive", "consumable"), default="exclusive",
+                        help="--mock: how whole GPUs are published (the driver's --gpu-sharing)")
+    parser.add_argument("--mig-mode", choices=("static", "dynamic"), default="static",
+                        help="--mock: the driver's --mig-mode")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="colour the table (auto: on a terminal, unless NO_COLOR is set)")
+
+
+def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
+    try:
+        explanations = _explanations(args)
+    except (sources.SourceError, engine.ClaimError, w.WorldError) as error:
+        print(f"dra-driver explain: {error}", file=err)
+        return EXIT_USAGE
+    if args.output == "json":
+        out.write(render.as_json(explanations))
+    else:
+        colour = args.color == "always" or (args.color == "auto" and out.isatty()
+                                            and not os.environ.get("NO_COLOR"))
+        out.write(render.table(explanations, render.Style(colour)))
+    return EXIT_FITS if all(e.fits for e in explanations) else EXIT_NOWHERE
+
+
+def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
+    if args.claim is None and args.filename is None:
+        raise sources.SourceError("name a claim (CLAIM) or give -f FILE")
+    offline = bool(args.slices or args.mock)
+    objects: list[dict] = []
+    notes: list[str] = []
+    kube = None
+    if args.mock:
+        objects += sources.mock_objects(args.mock, args.driver_name, args.gpu_sharing, args.mig_mode)
+    for path in args.slices:
+        objects += sources.read_objects(path, "--slices")
+    namespace = args.namespace or "default"
+    if args.filename is not None:
+        claim_objects = sources.read_objects(args.filename, "-f")
+        claims = sources.pick(sources.claims_in(claim_objects, args.filename.name, namespace),
+                              args.claim, args.namespace, f"-f {args.filename}")
+        # DeviceClasses of the claim file take part; its claims are not allocations.
+        objects += [o for o in claim_objects if o.get("kind") == "DeviceClass"]
+    elif offline:
+        claims = sources.pick(sources.claims_in(objects, "files", namespace), args.claim,
+                              args.namespace, "the --slices files")
+    else:
+        kube = _kube(args.kubeconfig)
+        claims = [sources.cluster_claim(kube, args.claim, namespace)]
+    if not offline:
+        kube = kube or _kube(args.kubeconfig)
+        listed, notes = sources.cluster_objects(kube, claims[0].namespace)
+        objects += listed
+    world = w.build(objects)
+    world.notes += notes
+    for node in args.node:
+        if node not in world.nodes():
+            raise sources.SourceError(f"--node {node}: no ResourceSlice names this node "
+                                      f"(nodes: {', '.join(world.nodes()) or 'none'})")
+    nodes = args.node or None
+    return [_one(claim, world, nodes) for claim in claims]
+
+
+def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None) -> engine.Explanation:
+    source = f"{claim.kind} from {claim.origin}"
+    result = engine.explain(claim.ref, claim.spec, world, claim.namespace, nodes,
+                            skip_uid=claim.uid, source=source)
+    if world.namespaces is None and any(a.admin for _, alts in engine.requests(claim.ref, claim.spec)
+                                        for a in alts):
+        result.notes.append("namespace labels are unknown (no Namespace objects): the admin-access "
+                            "label is not checked")
+    if claim.allocated_on:
+        result.notes.insert(0, f"the claim is allocated (on {claim.allocated_on}); this shows where "
+                               "it could go without its own allocation")
+    return result
+
+
+def _kube(kubeconfig: Path | None):
+    from driver.kube import ClientConfigError, Kube, api_client
+
+    path = kubeconfig
+    if path is None and os.environ.get("KUBECONFIG"):
+        path = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+    if path is None and (Path.home() / ".kube" / "config").exists():
+        path = Path.home() / ".kube" / "config"
+    try:
+        return Kube(api_client(path))
+    except ClientConfigError as error:
+        raise sources.SourceError(str(error)) from None

@@ -1,0 +1,421 @@
+"""Each request of a claim against each device of each node: the first reason it is out,
+in the scheduler's order (DeviceClass selectors, the request's selectors, taints, other
+claims' allocations, consumable capacity, shared counters), then the combinations: counts,
+`matchAttribute` / `distinctAttribute` constraints and counters across the chosen devices.
+
+It follows the allocator the demo uses (driver/sim/allocator.py) and reuses its capacity
+rounding and counter bookkeeping, so that the two agree; tests hold them to it. One
+difference is deliberate: the scheduler stops at the first CEL runtime error it meets,
+which depends on the order it visits devices; here every device is evaluated and any
+error is reported as aborting the node, with the device and expression.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from driver import quantity as quantities
+from driver.explain import world as w
+from driver.sim import cel, taints
+from driver.sim.allocator import Counters, Shares, _canonical
+
+FITS = "fits"
+# Reason codes, in the order they are checked.
+CLASS, SELECTOR, CEL_ERROR, ADMIN, TAINT, ALLOCATED, CAPACITY, COUNTERS = (
+    "class", "selector", "cel-error", "admin-access", "taint", "allocated", "capacity", "counters")
+
+
+class ClaimError(ValueError):
+    """A claim that is not a valid claim spec; the message names the claim and field."""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    request: str  # "gpu", or "gpu/h100" for a firstAvailable subrequest
+    device_class: str
+    selectors: tuple[str, ...]
+    count: int | None  # None: allocationMode All
+    tolerations: tuple[dict, ...] = ()
+    capacity: dict = field(default_factory=dict)
+    admin: bool = False
+
+
+@dataclass
+class DeviceVerdict:
+    device: str
+    driver: str
+    pool: str
+    code: str
+    reason: str
+    seen: dict[str, str] = field(default_factory=dict)  # what the failing selector read
+    expression: str | None = None
+
+
+@dataclass
+class AlternativeReport:
+    request: str
+    device_class: str
+    selectors: list[dict]  # {"from": "class X" | "request", "index": i, "expression": e}
+    count: int | None
+    devices: list[DeviceVerdict]
+
+    @property
+    def fitting(self) -> list[str]:
+        return [d.device for d in self.devices if d.code == FITS]
+
+
+@dataclass
+class NodeReport:
+    node: str
+    fits: bool
+    why: str
+    allocation: list[dict] = field(default_factory=list)
+    alternatives: list[AlternativeReport] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Explanation:
+    claim: str  # namespace/name
+    source: str
+    nodes: list[NodeReport]
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return any(n.fits for n in self.nodes)
+
+
+def requests(claim: str, spec: dict) -> list[tuple[str, list[Alternative]]]:
+    """The claim's requests, each with its alternatives (one unless firstAvailable)."""
+    devices = spec.get("devices")
+    if not isinstance(devices, dict) or not isinstance(devices.get("requests"), list) or not devices["requests"]:
+        raise ClaimError(f"claim {claim}: spec.devices.requests is missing or empty")
+    out = []
+    for index, request in enumerate(devices["requests"]):
+        if not isinstance(request, dict) or not request.get("name"):
+            raise ClaimError(f"claim {claim}: spec.devices.requests[{index}] has no name")
+        name = request["name"]
+        if "firstAvailable" in request:
+            subs = request["firstAvailable"]
+            if not isinstance(subs, list) or not subs:
+                raise ClaimError(f"claim {claim}: request {name}: firstAvailable is empty")
+            out.append((name, [_alternative(claim, f"{name}/{s.get('name', i)}", s)
+                               for i, s in enumerate(subs)]))
+        else:
+            # v1beta1 claims put the fields on the request itself.
+            exactly = request.get("exactly", request if "deviceClassName" in request else None)
+            if not isinstance(exactly, dict):
+                raise ClaimError(f"claim {claim}: request {name} has neither exactly nor firstAvailable")
+            out.append((name, [_alternative(claim, name, exactly)]))
+    return out
+
+
+def _alternative(claim: str, name: str, spec: dict) -> Alternative:
+    if not spec.get("deviceClassName"):
+        raise ClaimError(f"claim {claim}: request {name} has no deviceClassName")
+    selectors = []
+    for i, selector in enumerate(spec.get("selectors") or []):
+        expression = (selector.get("cel") or {}).get("expression") if isinstance(selector, dict) else None
+        if not isinstance(expression, str):
+            raise ClaimError(f"claim {claim}: request {name}: selectors[{i}] has no cel.expression")
+        selectors.append(expression)
+    mode = spec.get("allocationMode", "ExactCount")
+    if mode not in ("ExactCount", "All"):
+        raise ClaimError(f"claim {claim}: request {name}: allocationMode {mode!r} is neither ExactCount nor All")
+    count = spec.get("count", 1)
+    if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ClaimError(f"claim {claim}: request {name}: count must be a positive integer, not {count!r}")
+    capacity = ((spec.get("capacity") or {}).get("requests")) or {}
+    for key, value in capacity.items():
+        try:
+            quantities.value(str(value))
+        except quantities.QuantityError as err:
+            raise ClaimError(f"claim {claim}: request {name}: capacity.requests.{key}: {err}") from None
+    return Alternative(name, spec["deviceClassName"], tuple(selectors), None if mode == "All" else count,
+                       tuple(spec.get("tolerations") or ()), dict(capacity), bool(spec.get("adminAccess")))
+
+
+@dataclass
+class _Ledger:
+    """What other claims hold on one node: whole devices, capacity of shares, counters."""
+
+    holders: dict[str, list[w.Holder]]
+    shares: Shares
+    counters: Counters
+
+
+def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -> _Ledger:
+    holders = world.holders(skip_uid)
+    shares = Shares()
+    counters = Counters()
+    for (driver, pool, name), totals in world.counter_sets.items():
+        counters.totals[f"{driver}/{pool}/{name}"] = dict(totals)
+    for device in devices:
+        if device.consumes:
+            counters.consumes[device.key] = {f"{device.driver}/{device.pool}/{s}": dict(c)
+                                             for s, c in device.consumes.items()}
+        if device.multiple:
+            shares.capacity[device.key] = device.capacity
+    for device in devices:
+        for holder in holders.get(device.key, ()):
+            counters.take(device.key)
+            if device.multiple:
+                consumed = holder.consumed or {k: c["value"] for k, c in device.capacity.items()}
+                shares.take(device.key, {k: quantities.value(str(v)) for k, v in consumed.items()})
+    return _Ledger(holders, shares, counters)
+
+
+def _seen(expression: str, device: w.PoolDevice) -> dict[str, str]:
+    seen = {}
+    if "device.driver" in expression:
+        seen["driver"] = w.display(device.driver)
+    for kind, domain, name in cel.references(expression):
+        label = name if domain == device.driver else f"{domain}/{name}"
+        seen[label] = w.display(device.lookup(kind, domain, name))
+    return seen
+
+
+def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledger,
+          namespace: str) -> DeviceVerdict:
+    """The first reason this device cannot serve this request alternative, or fits."""
+    def verdict(code: str, reason: str, **extra) -> DeviceVerdict:
+        return DeviceVerdict(device.name, device.driver, device.pool, code, reason, **extra)
+
+    device_class = world.classes.get(alt.device_class)
+    if device_class is None:
+        return verdict(CLASS, f"DeviceClass {alt.device_class} does not exist")
+    variables = device.activation()
+    for owner, index, expression in _selectors(alt, device_class):
+        try:
+            if not cel.evaluate(expression, variables):
+                seen = _seen(expression, device)
+                where = f"class {alt.device_class} selector #{index}" if owner else f"selector #{index}"
+                return verdict(CLASS if owner else SELECTOR, f"{where} is false", seen=seen,
+                               expression=expression)
+        except cel.CelError as err:
+            where = f"class {alt.device_class} selector #{index}" if owner else f"selector #{index}"
+            return verdict(CEL_ERROR, f"{where}: CEL runtime error: {err.message}", expression=expression,
+                           seen=_seen(expression, device))
+    if alt.admin and world.namespaces is not None:
+        labels = world.namespaces.get(namespace)
+        if labels is None or labels.get(w.ADMIN_ACCESS_LABEL) != "true":
+            return verdict(ADMIN, f"adminAccess needs namespace {namespace} labelled "
+                                  f"{w.ADMIN_ACCESS_LABEL}=\"true\"")
+    taint = taints.blocking(device.taints, alt.tolerations)
+    if taint is not None:
+        return verdict(TAINT, f"taint {taints.text(taint)} is not tolerated")
+    if alt.admin:
+        return verdict(FITS, FITS)  # admin access ignores other claims' allocations
+    holders = ledger.holders.get(device.key, [])
+    if holders and not device.multiple:
+        return verdict(ALLOCATED, f"allocated to claim {holders[0].claim}")
+    if alt.capacity and not device.multiple:
+        return verdict(CAPACITY, "asks for capacity, but the device does not allow multiple "
+                                 "allocations (it is not shareable)")
+    if device.multiple:
+        short = _capacity_short(device, alt.capacity, ledger.shares)
+        if short:
+            by = ", ".join(sorted({h.claim for h in holders}))
+            return verdict(CAPACITY, short + (f" (held by {by})" if by else ""))
+    if not ledger.counters.fits(device.key):
+        return verdict(COUNTERS, _counters_short(device, ledger))
+    return verdict(FITS, FITS)
+
+
+def _selectors(alt: Alternative, device_class: w.DeviceClass):
+    for index, expression in enumerate(device_class.selectors):
+        yield True, index, expression
+    for index, expression in enumerate(alt.selectors):
+        yield False, index, expression
+
+
+def _capacity_short(device: w.PoolDevice, requests: dict, shares: Shares) -> str | None:
+    if shares.amount(device.key, requests) is not None:
+        return None
+    used = shares.used.get(device.key, {})
+    parts = []
+    for name, entry in device.capacity.items():
+        total = quantities.value(entry["value"])
+        left = total - used.get(name, Decimal(0))
+        wanted = requests.get(name) or (entry.get("requestPolicy") or {}).get("default") or entry["value"]
+        parts.append(f"{name} {wanted} wanted, {_canonical(max(left, Decimal(0)))} of {entry['value']} left")
+    return "not enough capacity left: " + "; ".join(parts)
+
+
+def _counters_short(device: w.PoolDevice, ledger: _Ledger) -> str:
+    counters = ledger.counters
+    for counter_set, wanted in counters.consumes.get(device.key, {}).items():
+        for counter, value in wanted.items():
+            total = counters.totals.get(counter_set, {}).get(counter)
+            if total is None:
+                return f"consumes counter {counter} of set {counter_set.rsplit('/', 1)[-1]}, which no slice defines"
+            used = counters.used.get(counter_set, {}).get(counter, Decimal(0))
+            if used + value > total:
+                users = sorted({h.claim for key, hs in ledger.holders.items() for h in hs
+                                if counter in counters.consumes.get(key, {}).get(counter_set, {})})
+                by = f" (used by {', '.join(users)})" if users else ""
+                return (f"shared counter {counter_set.rsplit('/', 1)[-1]}/{counter} exhausted: needs "
+                        f"{_canonical(value)}, {_canonical(total - used)} of {_canonical(total)} left{by}")
+    return "shared counters exhausted"
+
+
+def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: str,
+                 skip_uid: str | None = None) -> NodeReport:
+    devices = world.on_node(node)
+    ledger = _ledger(world, devices, skip_uid)
+    plan = requests(claim, spec)
+    report = NodeReport(node, False, "")
+    options: list[list[tuple[Alternative, list[w.PoolDevice]]]] = []
+    for _, alternatives in plan:
+        per_request = []
+        for alt in alternatives:
+            verdicts = [judge(alt, d, world, ledger, namespace) for d in devices]
+            device_class = world.classes.get(alt.device_class)
+            selectors = [{"from": f"class {alt.device_class}", "index": i, "expression": e}
+                         for i, e in enumerate(device_class.selectors if device_class else ())]
+            selectors += [{"from": "request", "index": i, "expression": e} for i, e in enumerate(alt.selectors)]
+            alt_report = AlternativeReport(alt.request, alt.device_class, selectors, alt.count, verdicts)
+            report.alternatives.append(alt_report)
+            by_name = {d.key: d for d in devices}
+            fitting = [by_name[f"{v.driver}/{v.pool}/{v.device}"] for v in verdicts if v.code == FITS]
+            if alt.count is None:  # All: every device the selectors accept, and at least one
+                selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR)]
+                fitting = fitting if selected and len(fitting) == len(selected) else []
+            per_request.append((alt, fitting, alt_report))
+        options.append(per_request)
+    errors = [(a, v) for a in report.alternatives for v in a.devices if v.code == CEL_ERROR]
+    if errors:
+        alt, v = errors[0]
+        report.why = (f"request {alt.request}: {v.reason} on device {v.device}; a CEL error "
+                      "aborts the allocation")
+        return report
+    constraints = (spec.get("devices") or {}).get("constraints") or []
+    found = _search(options, constraints, ledger)
+    if found is not None:
+        report.fits = True
+        report.why = FITS
+        report.allocation = [_result(alt, d, ledger) for alt, chosen in found for d in chosen]
+        return report
+    report.why, report.constraints = _why_not(plan, options, constraints, ledger)
+    return report
+
+
+def _result(alt: Alternative, device: w.PoolDevice, ledger: _Ledger) -> dict:
+    result = {"request": alt.request, "driver": device.driver, "pool": device.pool, "device": device.name}
+    if device.multiple and not alt.admin:
+        amount = ledger.shares.amount(device.key, alt.capacity) or {}
+        result["consumedCapacity"] = {k: _canonical(v) for k, v in amount.items()}
+    return result
+
+
+def _count(alt: Alternative, fitting: list) -> int:
+    return len(fitting) if alt.count is None else alt.count
+
+
+def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000):
+    def satisfied(chosen) -> bool:
+        return all(_constraint_holds(c, chosen) for c in constraints)
+
+    def search(index: int, chosen: list, used: set[str]):
+        if index == len(options):
+            return chosen if satisfied(chosen) else None
+        for alt, fitting, _ in options[index]:  # first alternative first
+            need = _count(alt, fitting)
+            if need == 0:
+                continue
+            free = [d for d in fitting if d.key not in used]
+            for combo in itertools.islice(itertools.combinations(free, need), limit):
+                taken = [d.key for _, ds in chosen for d in ds]
+                if not ledger.counters.fits(combo[0].key, tuple(d.key for d in combo[1:]) + tuple(taken)):
+                    continue
+                found = search(index + 1, chosen + [(alt, combo)], used | {d.key for d in combo})
+                if found is not None:
+                    return found
+        return None
+
+    return search(0, [], set())
+
+
+def _constraint_holds(constraint: dict, chosen) -> bool:
+    names = constraint.get("requests") or None
+    values = [d.attribute(_constraint_attribute(constraint)) for alt, ds in chosen
+              if names is None or alt.request.split("/")[0] in names or alt.request in names for d in ds]
+    if not values:
+        return True
+    if "matchAttribute" in constraint:
+        return None not in values and len(set(values)) == 1
+    if "distinctAttribute" in constraint:
+        return None not in values and len(set(values)) == len(values)
+    return True  # a constraint kind this version does not know: the scheduler would refuse it
+
+
+def _constraint_attribute(constraint: dict) -> str:
+    return constraint.get("matchAttribute") or constraint.get("distinctAttribute") or ""
+
+
+def _why_not(plan, options, constraints, ledger) -> tuple[str, list[str]]:
+    short = []
+    for (name, _), per_request in zip(plan, options):
+        if all(len(fitting) < max(_count(alt, fitting), 1) for alt, fitting, _ in per_request):
+            short.append(f"request {name}: " + "; ".join(_shortfall(alt, fitting, alt_report)
+                                                         for alt, fitting, alt_report in per_request))
+    if short:
+        return "; ".join(short), []
+    explained = []
+    for constraint in constraints:
+        if _search(options, [constraint], ledger) is None:
+            explained.append(_explain_constraint(constraint, options))
+    if explained:
+        return "constraint not met: " + explained[0], explained
+    if _search(options, constraints, _without_counters(ledger)) is not None:
+        return "the fitting devices share counters: no combination leaves room for all of them", []
+    return "no combination of the fitting devices satisfies all constraints together", []
+
+
+def _shortfall(alt: Alternative, fitting: list, report: AlternativeReport) -> str:
+    """"gpu: 0 of 8 fit, needs 1 (8 selector #0 is false)": the reasons of the devices of
+    the class, most common first."""
+    need = "all that match" if alt.count is None else str(alt.count)
+    relevant = [d for d in report.devices if d.code != CLASS]
+    reasons: dict[str, int] = {}
+    for d in relevant:
+        if d.code != FITS:
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    why = ", ".join(f"{n} x {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
+    if not relevant:
+        why = f"no device is in class {alt.device_class}"
+    label = "" if "/" not in alt.request else f"{alt.request}: "
+    return f"{label}{len(fitting)} of {len(relevant)} fit, needs {need}" + (f" ({why})" if why else "")
+
+
+def _without_counters(ledger: _Ledger) -> _Ledger:
+    return _Ledger(ledger.holders, ledger.shares, Counters())
+
+
+def _explain_constraint(constraint: dict, options) -> str:
+    attribute = _constraint_attribute(constraint)
+    names = constraint.get("requests") or None
+    values: dict[str, set[str]] = {}
+    for per_request in options:
+        for alt, fitting, _ in per_request:
+            if names is None or alt.request.split("/")[0] in names or alt.request in names:
+                values.setdefault(alt.request, set()).update(w.display(d.attribute(attribute)) for d in fitting)
+    listing = "; ".join(f"{r} has {', '.join(sorted(v)) or 'no device'}" for r, v in values.items())
+    if "matchAttribute" in constraint:
+        return f"matchAttribute {attribute}: {listing}: no value common to all"
+    return f"distinctAttribute {attribute}: {listing}: not enough distinct values"
+
+
+def explain(claim: str, spec: dict, world: w.World, namespace: str, nodes: list[str] | None = None,
+            skip_uid: str | None = None, source: str = "") -> Explanation:
+    requests(claim, spec)  # a malformed claim is a usage error before any node is looked at
+    considered = nodes if nodes is not None else world.nodes()
+    reports = [explain_node(claim, spec, node, world, namespace, skip_uid) for node in considered]
+    from driver.explain import suggest
+
+    return Explanation(claim, source, reports, suggest.suggestions(spec, reports, world),
+                       list(world.notes))

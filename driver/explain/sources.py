@@ -1,0 +1,203 @@
+"""Where `explain` reads the cluster and the claim from.
+
+- files (`--slices FILE`, repeatable): YAML or JSON, several documents or `List`s, holding
+  ResourceSlices and optionally DeviceClasses, allocated ResourceClaims, Namespaces and
+  DeviceTaintRules (e.g. `kubectl get resourceslices,deviceclasses,resourceclaims -A -o yaml`);
+- a mock node (`--mock PROFILE`): the slices `dra-driver run --mock PROFILE` publishes,
+  with the chart's DeviceClasses;
+- a cluster, through a kubeconfig: the same objects, listed.
+
+The claim is a ResourceClaim or ResourceClaimTemplate by name (in the files, or in the
+cluster), or every claim of `-f FILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from driver import deviceclasses, slices
+from driver.demo.claims import yaml_problem
+
+MOCK_NODE = "mock-node"
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+
+
+class SourceError(Exception):
+    """Input that cannot be used; the message names the file, object or server."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    kind: str  # ResourceClaim | ResourceClaimTemplate
+    namespace: str
+    name: str
+    spec: dict  # the claim spec (a template's spec.spec)
+    uid: str | None = None
+    allocated_on: str | None = None  # the node of its current allocation, if any
+    origin: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def read_objects(path: Path, option: str) -> list[dict]:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SourceError(f"{option} {path}: cannot read it: {err.strerror or err}") from None
+    try:
+        docs = [json.loads(text)] if text.lstrip().startswith("{") else list(yaml.safe_load_all(text))
+    except json.JSONDecodeError as err:
+        raise SourceError(f"{option} {path}: not JSON: {err.msg} (line {err.lineno})") from None
+    except yaml.YAMLError as err:
+        raise SourceError(f"{option} {path}: not YAML: {yaml_problem(err)}") from None
+    objects = []
+    for index, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+            raise SourceError(f"{option} {path}: document {index + 1} is not a Kubernetes object (no kind)")
+        items = doc.get("items") if doc["kind"].endswith("List") else [doc]
+        for item in items or []:
+            if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict):
+                raise SourceError(f"{option} {path}: document {index + 1}: an item without metadata")
+            objects.append(item)
+    return objects
+
+
+def class_objects(driver: str) -> list[dict]:
+    """The chart's DeviceClasses (deviceclasses.py is what the chart renders)."""
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+             "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
+            for name, expressions in deviceclasses.all_classes(driver).items()]
+
+
+def mock_objects(profile: str, driver: str, gpu_sharing: str, mig_mode: str) -> list[dict]:
+    from driver.devices import mock
+    from driver.devices.discovery import discover
+
+    try:
+        loaded = mock.load(profile)
+    except (OSError, ValueError) as err:
+        raise SourceError(f"--mock {profile}: {err}") from None
+    with tempfile.TemporaryDirectory(prefix="dra-explain-") as scratch:
+        node = mock.build(loaded, Path(scratch) / "mock")
+        sources = node.sources()
+        result = discover(type(sources)(sources.sysfs, sources.proc, sources.nvml, sources.nic_filter,
+                                        sources.pci_ids, mig_mode))
+    return inventory_objects(result.inventory, driver, gpu_sharing)
+
+
+def inventory_objects(inventory, driver: str, gpu_sharing: str = slices.EXCLUSIVE) -> list[dict]:
+    """What a node with this inventory publishes (as `dra-driver run` would, one pool on
+    node mock-node), with the chart's DeviceClasses."""
+    pool = slices.PoolIdentity(driver, MOCK_NODE)
+    return slices.build(inventory, pool, generation=1, sharing=gpu_sharing) + class_objects(driver)
+
+
+def claims_in(objects: list[dict], origin: str, default_namespace: str) -> list[Claim]:
+    found = []
+    for obj in objects:
+        if obj.get("kind") not in CLAIM_KINDS:
+            continue
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        if obj["kind"] == "ResourceClaimTemplate":
+            spec = spec.get("spec") or {}
+        allocation = (obj.get("status") or {}).get("allocation") or {}
+        node = _allocated_node(allocation)
+        found.append(Claim(obj["kind"], meta.get("namespace") or default_namespace,
+                           meta.get("name", "?"), spec, meta.get("uid"), node, origin))
+    return found
+
+
+def _allocated_node(allocation: dict) -> str | None:
+    terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or [])
+    for term in terms:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("values"):
+                return field["values"][0]
+    return "a node" if allocation else None
+
+
+def pick(claims: list[Claim], name: str | None, namespace: str | None, where: str) -> list[Claim]:
+    if name is None:
+        if not claims:
+            raise SourceError(f"{where}: no ResourceClaim or ResourceClaimTemplate in it")
+        return claims
+    chosen = [c for c in claims if c.name == name and namespace in (None, c.namespace)]
+    # A ResourceClaim wins over a template of the same name, as `explain NAME` documents.
+    chosen.sort(key=lambda c: c.kind != "ResourceClaim")
+    if not chosen:
+        known = ", ".join(sorted({c.name for c in claims})) or "none"
+        raise SourceError(f"{where}: no ResourceClaim or ResourceClaimTemplate {name!r}"
+                          f"{f' in namespace {namespace}' if namespace else ''} (claims there: {known})")
+    return chosen[:1]
+
+
+# -- a cluster ----------------------------------------------------------------------------------
+def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
+    """ResourceSlices, DeviceClasses, ResourceClaims (all namespaces where allowed), the
+    claim's Namespace and DeviceTaintRules; and notes on what could not be read."""
+    from driver.kube import ApiError, NotFound
+
+    notes: list[str] = []
+    try:
+        version = kube.resource_version()
+    except ApiError as err:
+        raise SourceError(f"cannot reach the API server: {err}") from None
+    base = f"/apis/resource.k8s.io/{version}"
+
+    def listed(path: str, kind: str) -> list[dict]:
+        items = (kube.request("GET", path) or {}).get("items") or []
+        for item in items:
+            item.setdefault("kind", kind)
+        return items
+
+    try:
+        objects = listed(f"{base}/resourceslices", "ResourceSlice")
+        objects += listed(f"{base}/deviceclasses", "DeviceClass")
+    except ApiError as err:
+        raise SourceError(f"cannot list ResourceSlices and DeviceClasses: {err}") from None
+    try:
+        objects += listed(f"{base}/resourceclaims", "ResourceClaim")
+    except ApiError as err:
+        notes.append(f"other namespaces' claims not readable ({err}); allocations there are not counted")
+        objects += listed(f"{base}/namespaces/{namespace}/resourceclaims", "ResourceClaim")
+    try:
+        ns = kube.request("GET", f"/api/v1/namespaces/{namespace}")
+        objects.append({**ns, "kind": "Namespace"})
+    except ApiError as err:
+        notes.append(f"namespace {namespace} not readable ({err}); admin access is not checked")
+    for rules_version in ("v1beta2", "v1alpha3"):
+        try:
+            objects += listed(f"/apis/resource.k8s.io/{rules_version}/devicetaintrules", "DeviceTaintRule")
+            break
+        except NotFound:
+            continue
+        except ApiError as err:
+            notes.append(f"DeviceTaintRules not readable ({err})")
+            break
+    return objects, notes
+
+
+def cluster_claim(kube, name: str, namespace: str) -> Claim:
+    from driver.kube import ApiError, NotFound
+
+    version = kube.resource_version()
+    for kind, resource in (("ResourceClaim", "resourceclaims"), ("ResourceClaimTemplate", "resourceclaimtemplates")):
+        try:
+            obj = kube.request("GET", f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/{resource}/{name}")
+        except NotFound:
+            continue
+        except ApiError as err:
+            raise SourceError(f"cannot read {kind} {namespace}/{name}: {err}") from None
+        obj["kind"] = kind
+        return claims_in([obj], "the cluster", namespace)[0]
+    raise SourceError(f"no ResourceClaim or ResourceClaimTemplate {name!r} in namespace {namespace}")

@@ -1,0 +1,250 @@
+"""What the scheduler sees, as plain data: every driver's published devices per node, the
+DeviceClasses, what other claims already hold, namespace labels and DeviceTaintRules.
+
+Built from API objects as they come from the API server or from files, in any served
+version of resource.k8s.io (v1beta1's `basic` device wrapper included). Like the
+scheduler it uses only the newest generation of each pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Iterable
+
+from driver import quantity as quantities
+from driver.sim import cel
+
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+class WorldError(ValueError):
+    """An object that cannot be what it claims to be; the message names it."""
+
+
+@dataclass(frozen=True)
+class PoolDevice:
+    driver: str
+    pool: str
+    name: str
+    node: str | None  # None: every node (allNodes / a node selector)
+    slice: str
+    attributes: dict[str, dict]  # as published: name -> {"string": ...} etc.
+    capacity: dict[str, dict]  # name -> {"value": ..., "requestPolicy": ...}
+    taints: tuple[dict, ...] = ()
+    multiple: bool = False  # allowMultipleAllocations
+    consumes: dict[str, dict[str, Decimal]] = field(default_factory=dict)  # counter set ->
+
+    @property
+    def key(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"
+
+    def attribute(self, qualified: str) -> Any:
+        """The value of `domain/name` (or a bare name: the driver's domain), None if absent."""
+        domain, _, name = qualified.rpartition("/")
+        for key in ((name,) if domain in ("", self.driver) else ()) + (qualified,):
+            if key in self.attributes:
+                return plain(self.attributes[key])
+        return None
+
+    def lookup(self, kind: str, domain: str, name: str) -> Any:
+        """What `device.<kind>["domain"].name` reads; None when the device has no such key."""
+        table = self.attributes if kind == "attributes" else self.capacity
+        for key in ((name,) if domain == self.driver else ()) + (f"{domain}/{name}",):
+            if key in table:
+                return plain(table[key]) if kind == "attributes" else QuantityText(table[key]["value"])
+        return None
+
+    def names(self, kind: str, domain: str) -> set[str]:
+        table = self.attributes if kind == "attributes" else self.capacity
+        found = set()
+        for key in table:
+            d, _, n = key.rpartition("/")
+            if (d or self.driver) == domain:
+                found.add(n)
+        return found
+
+    def activation(self) -> dict:
+        attributes: dict[str, dict[str, Any]] = {}
+        for key, value in cel.by_domain(self.attributes, self.driver).items():
+            attributes[key] = {n: _cel_input(v) for n, v in value.items()}
+        capacity = {d: {n: c["value"] for n, c in caps.items()}
+                    for d, caps in cel.by_domain(self.capacity, self.driver).items()}
+        return cel.activation(self.driver, attributes, capacity, self.multiple)
+
+
+def plain(value: dict) -> Any:
+    """A published attribute value ({"int": 3}) as Python; versions as VersionText."""
+    if not isinstance(value, dict) or len(value) != 1:
+        return None
+    (kind, v), = value.items()
+    return VersionText(str(v)) if kind == "version" else v
+
+
+class VersionText(str):
+    """A `version` attribute (a string that CEL sees as a semver)."""
+
+
+class QuantityText(str):
+    """A capacity value (a string that CEL sees as a quantity)."""
+
+
+def _cel_input(value: dict) -> Any:
+    v = plain(value)
+    if isinstance(v, VersionText):
+        try:
+            return cel.SemVer(v)
+        except ValueError:
+            return str(v)  # not semver: the API server would not have stored it
+    return v
+
+
+def display(value: Any) -> str:
+    if value is None:
+        return "<absent>"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and not isinstance(value, (VersionText, QuantityText)):
+        return f'"{value}"'
+    return str(value)
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    selectors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What one allocation result holds: the claim, and capacity when it is a share."""
+
+    claim: str  # namespace/name
+    uid: str
+    consumed: dict[str, str] | None = None
+
+
+@dataclass
+class World:
+    devices: list[PoolDevice] = field(default_factory=list)
+    counter_sets: dict[tuple[str, str, str], dict[str, Decimal]] = field(default_factory=dict)
+    classes: dict[str, DeviceClass] = field(default_factory=dict)
+    claims: list[dict] = field(default_factory=list)
+    namespaces: dict[str, dict[str, str]] | None = None  # None: labels unknown (offline)
+    notes: list[str] = field(default_factory=list)
+
+    def nodes(self) -> list[str]:
+        return sorted({d.node for d in self.devices if d.node is not None})
+
+    def on_node(self, node: str) -> list[PoolDevice]:
+        return [d for d in self.devices if d.node in (node, None)]
+
+    def holders(self, skip_uid: str | None = None) -> dict[str, list[Holder]]:
+        """device key -> the allocation results of other claims on it (admin access aside:
+        such results ignore, and do not block, ordinary claims)."""
+        held: dict[str, list[Holder]] = {}
+        for claim in self.claims:
+            meta = claim.get("metadata") or {}
+            if skip_uid is not None and meta.get("uid") == skip_uid:
+                continue
+            results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {})
+                       .get("results") or [])
+            ref = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+            for result in results:
+                if result.get("adminAccess"):
+                    continue
+                key = f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}"
+                held.setdefault(key, []).append(Holder(ref, meta.get("uid", ""), result.get("consumedCapacity")))
+        return held
+
+
+def build(objects: Iterable[dict]) -> World:
+    """A World from API objects (ResourceSlice, DeviceClass, ResourceClaim, Namespace,
+    DeviceTaintRule; anything else is ignored)."""
+    world = World()
+    slices: list[dict] = []
+    rules: list[dict] = []
+    for obj in objects:
+        kind = obj.get("kind")
+        name = (obj.get("metadata") or {}).get("name", "?")
+        if kind == "ResourceSlice":
+            slices.append(obj)
+        elif kind == "DeviceClass":
+            selectors = tuple(s["cel"]["expression"] for s in (obj.get("spec") or {}).get("selectors") or []
+                              if isinstance(s, dict) and "cel" in s)
+            world.classes[name] = DeviceClass(name, selectors)
+        elif kind == "ResourceClaim":
+            world.claims.append(obj)
+        elif kind == "Namespace":
+            world.namespaces = world.namespaces or {}
+            world.namespaces[name] = dict((obj.get("metadata") or {}).get("labels") or {})
+        elif kind == "DeviceTaintRule":
+            rules.append(obj)
+    _add_slices(world, slices)
+    _apply_taint_rules(world, rules)
+    return world
+
+
+def _add_slices(world: World, slices: list[dict]) -> None:
+    newest: dict[tuple[str, str], int] = {}
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        pool = spec.get("pool") or {}
+        key = (spec.get("driver", ""), pool.get("name", ""))
+        newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
+    seen: dict[tuple[str, str], int] = {}
+    expected: dict[tuple[str, str], int] = {}
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        pool = spec.get("pool") or {}
+        driver, pool_name = spec.get("driver", ""), pool.get("name", "")
+        slice_name = (obj.get("metadata") or {}).get("name", "?")
+        if int(pool.get("generation", 0)) != newest[(driver, pool_name)]:
+            continue  # an older generation: the scheduler ignores it
+        seen[(driver, pool_name)] = seen.get((driver, pool_name), 0) + 1
+        expected[(driver, pool_name)] = int(pool.get("resourceSliceCount", 1))
+        node = spec.get("nodeName")
+        if node is None and spec.get("nodeSelector"):
+            world.notes.append(f"slice {slice_name}: its nodeSelector is not evaluated; its "
+                               "devices are counted on every node")
+        for counter_set in spec.get("sharedCounters") or []:
+            world.counter_sets[(driver, pool_name, counter_set["name"])] = {
+                k: _value(v.get("value"), f"slice {slice_name} counter set {counter_set['name']}")
+                for k, v in (counter_set.get("counters") or {}).items()}
+        for raw in spec.get("devices") or []:
+            body = raw.get("basic", raw)  # v1beta1 wraps the fields in `basic`
+            consumes = {use["counterSet"]: {k: _value(v.get("value"), f"device {raw.get('name')}")
+                                            for k, v in (use.get("counters") or {}).items()}
+                        for use in body.get("consumesCounters") or []}
+            world.devices.append(PoolDevice(
+                driver=driver, pool=pool_name, name=raw.get("name", "?"),
+                node=body.get("nodeName", node), slice=slice_name,
+                attributes=dict(body.get("attributes") or {}),
+                capacity={k: v for k, v in (body.get("capacity") or {}).items() if isinstance(v, dict)},
+                taints=tuple(body.get("taints") or ()),
+                multiple=bool(body.get("allowMultipleAllocations")),
+                consumes=consumes))
+    for key, count in seen.items():
+        if count < expected[key]:
+            world.notes.append(f"pool {key[1]} of {key[0]}: {count} of {expected[key]} slices of "
+                               "its newest generation seen (being updated)")
+
+
+def _value(text: Any, where: str) -> Decimal:
+    try:
+        return quantities.value(str(text))
+    except quantities.QuantityError as err:
+        raise WorldError(f"{where}: {err}") from None
+
+
+def _apply_taint_rules(world: World, rules: list[dict]) -> None:
+    for rule in rules:
+        spec = rule.get("spec") or {}
+        selector = spec.get("deviceSelector") or {}
+        taint = spec.get("taint")
+        if not taint:
+            continue
+        for index, device in enumerate(world.devices):
+            if all(selector.get(k) in (None, v) for k, v in
+                   (("driver", device.driver), ("pool", device.pool), ("device", device.name))):
+                world.devices[index] = PoolDevice(**{**device.__dict__, "taints": device.taints + (taint,)})

@@ -1,0 +1,458 @@
+"""`dra-driver explain`: every example against every mock profile agrees with the demo's
+allocator; planted mismatches get the exact reason and device; the CEL environment
+behaves as Kubernetes' does; the command's inputs, outputs and exit status."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from driver import cli
+from driver.demo import _inventory_from_slices
+from driver.devices.mock import builtin_profiles
+from driver.explain import engine, sources
+from driver.explain import world as w
+from driver.sim import cel
+from driver.sim.allocator import Unsatisfiable, allocate, allocation_results
+from driver.sim.apiserver import ApiServer, claim_allocated
+from tests.conftest import REPO
+from tests.test_examples import DYNAMIC_MIG, INTENT, load
+
+DRIVER = "accel.dra.io"
+NODE = sources.MOCK_NODE
+
+
+@pytest.fixture(scope="module")
+def published(built, tmp_path_factory):
+    """profile, mig mode -> the objects a node of that profile publishes (consumable GPU
+    sharing, as the demo runs the driver) with the chart's DeviceClasses."""
+    from tests.test_dynamic_mig import dynamic
+
+    cache: dict[tuple[str, str], list[dict]] = {}
+
+    def get(profile: str, mig_mode: str = "static") -> list[dict]:
+        if (profile, mig_mode) not in cache:
+            node, result = built(profile)
+            if mig_mode == "dynamic":
+                result = dynamic(node)
+            cache[(profile, mig_mode)] = sources.inventory_objects(result.inventory, DRIVER, "consumable")
+        return copy.deepcopy(cache[(profile, mig_mode)])
+
+    return get
+
+
+def allocator_fits(objects: list[dict], spec: dict, taken: set[str] = frozenset()) -> bool:
+    """What the demo's allocator says on the same slices."""
+    slices = [o for o in objects if o["kind"] == "ResourceSlice"]
+    classes = {o["metadata"]["name"]: [s["cel"]["expression"] for s in o["spec"]["selectors"]]
+               for o in objects if o["kind"] == "DeviceClass"}
+    inventory, shares, counters, taints = _inventory_from_slices(slices, DRIVER)
+    for claim in (o for o in objects if o["kind"] == "ResourceClaim"):  # other claims' allocations
+        for r in claim["status"]["allocation"]["devices"]["results"]:
+            if "shareID" not in r:
+                taken = set(taken) | {r["device"]}
+            counters.take(r["device"])
+    try:
+        allocate(spec, inventory, classes, DRIVER, set(taken), shares, counters, taints)
+    except Unsatisfiable:
+        return False
+    return True
+
+
+def explain(objects: list[dict], spec: dict, namespace: str = "default") -> engine.Explanation:
+    return engine.explain("default/c", spec, w.build(objects), namespace)
+
+
+def verdicts(e: engine.Explanation, request: str | None = None) -> dict[str, engine.DeviceVerdict]:
+    return {v.device: v for n in e.nodes for a in n.alternatives
+            if request in (None, a.request) for v in a.devices}
+
+
+def edited(spec: dict, old: str, new: str) -> dict:
+    text = json.dumps(spec)
+    assert json.dumps(old)[1:-1] in text, old
+    return json.loads(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
+
+
+def holder(name: str, results: list[dict]) -> dict:
+    claim = claim_allocated("default", name, str(uuid.uuid4()), results, [])
+    return {**claim, "kind": "ResourceClaim"}
+
+
+# -- every example against every profile -----------------------------------------------------------
+@pytest.mark.parametrize("example", sorted(INTENT))
+def test_every_example_against_every_profile_agrees_with_the_allocator(example, published):
+    _, spec = load(example)
+    mig_mode = "dynamic" if example in DYNAMIC_MIG else "static"
+    fits_on = set()
+    for profile in builtin_profiles():
+        objects = published(profile, mig_mode)
+        result = explain(objects, spec)
+        assert [n.node for n in result.nodes] == [NODE]
+        assert result.fits == allocator_fits(objects, spec), (example, profile, result.nodes[0].why)
+        if result.fits:
+            fits_on.add(profile)
+            # What it would get passes every selector and is a device of the node.
+            chosen = result.nodes[0].allocation
+            assert chosen and all(verdicts(result, a["request"])[a["device"]].code == engine.FITS
+                                  for a in chosen)
+        else:
+            assert result.nodes[0].why and result.nodes[0].why != engine.FITS
+    assert INTENT[example][0] in fits_on, "fits where the demo allocates it"
+
+
+# -- planted mismatches -------------------------------------------------------------------------------
+def test_a_wrong_product_name_rules_out_every_gpu_by_its_selector(published):
+    objects = published("h100x8")
+    _, spec = load("gpu-by-model")
+    spec = edited(spec, "NVIDIA H100", "NVIDIA H200")
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    gpu = verdicts(result)["gpu-0000-11-00-0"]
+    assert (gpu.code, gpu.reason) == (engine.SELECTOR, "selector #0 is false")
+    assert gpu.seen["productName"] == '"NVIDIA H100 80GB HBM3"'
+    assert verdicts(result)["nic-0000-12-00-0"].code == engine.CLASS
+    assert result.nodes[0].why == "request gpu: 0 of 8 fit, needs 1 (8 x selector #0 is false)"
+
+
+def test_80gi_instead_of_80g_is_explained_and_the_fix_suggested(published):
+    objects = published("h100x8")
+    _, spec = load("gpu-by-model")
+    spec = edited(spec, 'quantity("80G")', 'quantity("80Gi")')
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    gpu = verdicts(result)["gpu-0000-11-00-0"]
+    assert gpu.code == engine.SELECTOR and gpu.seen["memory"] == "81559Mi"
+    (hint,) = result.suggestions
+    assert 'quantity("80Gi") is 85899345920' in hint and 'with quantity("80G")' in hint
+    assert "selects 8 device(s)" in hint
+
+
+def test_gpu_and_nic_on_different_pcie_roots_fail_the_constraint(published):
+    objects = published("h100x8")
+    for obj in objects:
+        for device in obj["spec"].get("devices", []) if obj["kind"] == "ResourceSlice" else []:
+            if device["name"].startswith("nic-"):
+                device["attributes"]["resource.kubernetes.io/pcieRoot"] = {"string": "pci0000:ff"}
+    _, spec = load("gpu-nic-aligned")
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    node = result.nodes[0]
+    assert node.why.startswith("constraint not met: matchAttribute resource.kubernetes.io/pcieRoot")
+    assert '"pci0000:ff"' in node.why and "no value common to all" in node.why
+    # Every device fits its own request; only the pairing fails.
+    assert all(v.code == engine.FITS for v in verdicts(result).values() if v.code != engine.CLASS)
+
+
+def test_a_tainted_device_is_out_unless_tolerated(published):
+    objects = published("l4")
+    for obj in objects:
+        for device in obj["spec"].get("devices", []) if obj["kind"] == "ResourceSlice" else []:
+            if device["name"].startswith("gpu-"):
+                device["taints"] = [{"key": "example.com/ecc", "value": "failing", "effect": "NoSchedule"}]
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}]}}
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    gpus = {d: v for d, v in verdicts(result).items() if d.startswith("gpu-")}
+    assert gpus and all(v.reason == "taint example.com/ecc=failing:NoSchedule is not tolerated"
+                        for v in gpus.values())
+    spec["devices"]["requests"][0]["exactly"]["tolerations"] = [{"key": "example.com/ecc", "operator": "Exists"}]
+    assert explain(objects, spec).fits and allocator_fits(objects, spec)
+
+
+def test_a_device_taken_by_another_claim_names_that_claim(published):
+    objects = published("alveo")
+    _, spec = load("fpga-by-shell")
+    first = explain(objects, spec)
+    assert first.fits
+    taken = [a["device"] for a in first.nodes[0].allocation]
+    fpgas = [v.device for v in verdicts(first).values() if v.code == engine.FITS]
+    objects.append(holder("training", [{"request": "f", "driver": DRIVER, "pool": NODE, "device": d}
+                                       for d in fpgas]))
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    assert verdicts(result)[taken[0]].reason == "allocated to claim default/training"
+    # Its own allocation does not count against it.
+    own = holder("c", [{"request": "f", "driver": DRIVER, "pool": NODE, "device": d} for d in fpgas])
+    again = engine.explain("default/c", spec, w.build(objects[:-1] + [own]), "default",
+                           skip_uid=own["metadata"]["uid"])
+    assert again.fits
+
+
+def test_a_full_mig_card_reports_the_exhausted_counter_and_who_holds_it(published):
+    objects = published("h100x8", "dynamic")
+    _, spec = load("mig-dynamic")
+    assert explain(objects, spec).fits
+    # Another claim holds a 7g partition of every GPU: nothing is left to carve.
+    devices = [d for o in objects if o["kind"] == "ResourceSlice" for d in o["spec"].get("devices", [])]
+    whole = [d["name"] for d in devices if d["attributes"].get("profile", {}).get("string", "").startswith("7g.")]
+    assert len(whole) == 8
+    objects.append(holder("big-training", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": d}
+                                           for d in whole]))
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    out = [v for v in verdicts(result).values() if v.code == engine.COUNTERS]
+    assert out and all("exhausted" in v.reason and "(used by default/big-training)" in v.reason for v in out)
+    assert all(v.code in (engine.CLASS, engine.SELECTOR, engine.COUNTERS) for v in verdicts(result).values())
+
+
+def test_consumable_capacity_left_is_reported(published):
+    objects = published("l4")
+    gpu = next(d for o in objects if o["kind"] == "ResourceSlice" for d in o["spec"].get("devices", [])
+               if d["name"].startswith("gpu-"))
+    total = gpu["capacity"]["memory"]["value"]
+    objects.append(holder("other", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": gpu["name"],
+                                     "shareID": str(uuid.uuid4()),
+                                     "consumedCapacity": {"memory": "20Gi", "compute": "50"}}]))
+    spec = {"devices": {"requests": [{"name": "share", "exactly": {
+        "deviceClassName": f"gpu.{DRIVER}", "capacity": {"requests": {"memory": "10Gi"}}}}]}}
+    result = explain(objects, spec)
+    assert result.fits == allocator_fits(objects, spec)
+    v = verdicts(result)[gpu["name"]]
+    if not result.fits:
+        assert v.code == engine.CAPACITY and f"of {total} left" in v.reason
+
+
+def test_admin_access_needs_the_namespace_label(published):
+    objects = published("l4")
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}",
+                                                                  "adminAccess": True}}]}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops", "labels": {}}}
+    result = explain(objects + [namespace], spec, namespace="ops")
+    assert not result.fits
+    assert {v.code for d, v in verdicts(result).items() if d.startswith("gpu-")} == {engine.ADMIN}
+    namespace["metadata"]["labels"][w.ADMIN_ACCESS_LABEL] = "true"
+    gpus = [v.device for v in verdicts(result).values() if v.device.startswith("gpu-")]
+    busy = holder("training", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": d} for d in gpus])
+    # Admin access ignores the other claims' allocations.
+    assert explain(objects + [namespace, busy], spec, namespace="ops").fits
+
+
+def test_a_typo_in_an_attribute_name_is_a_cel_error_with_a_suggestion(published):
+    objects = published("h100x8")
+    _, spec = load("gpu-by-model")
+    spec = edited(spec, "productName", "productname")
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    assert verdicts(result)["gpu-0000-11-00-0"].code == engine.CEL_ERROR
+    assert "CEL runtime error: no such key: productname" in result.nodes[0].why
+    assert any("did you mean 'productName'?" in s for s in result.suggestions)
+
+
+def test_a_version_that_is_not_semver_is_suggested_a_fix(published):
+    objects = published("h100x8")
+    _, spec = load("gpu-by-model")
+    spec = edited(spec, 'semver("8.9.0")', 'semver("8.9")')
+    result = explain(objects, spec)
+    assert not result.fits and not allocator_fits(objects, spec)
+    assert any('semver("8.9") is not a semantic version' in s and 'semver("8.9.0")' in s
+               for s in result.suggestions)
+
+
+def test_distinct_attribute_and_all_mode(published):
+    objects = published("h100x8")
+    two = {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": 2}}],
+                       "constraints": [{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}]}}
+    assert explain(objects, two).fits
+    same = {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": 2}}],
+                        "constraints": [{"distinctAttribute": f"{DRIVER}/productName"}]}}
+    result = explain(objects, same)
+    assert not result.fits and "distinctAttribute accel.dra.io/productName" in result.nodes[0].why
+    every = {"devices": {"requests": [{"name": "all", "exactly": {"deviceClassName": f"gpu.{DRIVER}",
+                                                                  "allocationMode": "All"}}]}}
+    result = explain(objects, every)
+    assert result.fits and len(result.nodes[0].allocation) == 8
+
+
+# -- CEL with Kubernetes semantics --------------------------------------------------------------------
+def _device(attributes=None, capacity=None) -> dict:
+    return cel.activation(DRIVER, {DRIVER: attributes or {}}, {DRIVER: capacity or {}})
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ('device.attributes["other.example.com"].size() == 0', True),  # unknown domain: empty map
+    ('"model" in device.attributes["accel.dra.io"]', False),
+    ('device.capacity["accel.dra.io"].memory == quantity("80Gi")', True),
+    ('device.capacity["accel.dra.io"].memory == quantity("81920Mi")', True),  # by value
+    ('device.capacity["accel.dra.io"].memory.compareTo(quantity("80G")) > 0', True),
+    ('device.capacity["accel.dra.io"].memory.isLessThan(quantity("1Ti"))', True),
+    ('device.capacity["accel.dra.io"].memory.asInteger() == 85899345920', True),
+    ('quantity("1.5").isInteger()', False),
+    ('quantity("500m").asApproximateFloat() == 0.5', True),
+    ('quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi")', True),
+    ('quantity("1Gi").sub(1073741824).sign() == 0', True),
+    ('isQuantity("80Gi") && !isQuantity("80 GB")', True),
+    ('device.attributes["accel.dra.io"].cc.isGreaterThan(semver("8.9.0"))', True),
+    ('device.attributes["accel.dra.io"].cc == semver("9.0.0")', True),
+    ('device.attributes["accel.dra.io"].cc.major() == 9 && semver("1.2.3-rc.1").minor() == 2', True),
+    ('semver("1.2.3-rc.1").isLessThan(semver("1.2.3"))', True),
+    ('isSemver("1.2.3") && !isSemver("1.2")', True),
+])
+def test_kubernetes_cel_extensions(expression, expected):
+    variables = _device({"cc": cel.SemVer("9.0.0")}, {"memory": "80Gi"})
+    assert cel.evaluate(expression, variables) is expected
+
+
+@pytest.mark.parametrize("expression, message", [
+    ('device.attributes["accel.dra.io"].model == "x"', "no such key: model"),
+    ('device.capacity["accel.dra.io"].memory > quantity("1Gi")', "no matching overload"),
+    ('device.capacity["accel.dra.io"].memory == "80Gi"', "quantity == string"),
+    ('semver("12.4").major() == 12', "not a semantic version"),
+    ('quantity("80 GB") == quantity("1")', "quantity('80 GB')"),
+    ('device.attributes["accel.dra.io"].cc.compareTo(quantity("1")) == 0', "semver.compareTo(quantity)"),
+    ('device.driver', "must return a bool"),
+    ('device.driver ==', "does not compile"),
+])
+def test_what_kubernetes_rejects_is_an_error(expression, message):
+    variables = _device({"cc": cel.SemVer("9.0.0")}, {"memory": "80Gi"})
+    with pytest.raises(cel.CelError) as raised:
+        cel.evaluate(expression, variables)
+    assert message in raised.value.message
+
+
+# -- the command -----------------------------------------------------------------------------------------
+def run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    parsed = cli.parser().parse_args(["explain", *args])
+    from driver.explain import command
+
+    code = command.run(parsed, out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_exit_status_and_json(tmp_path):
+    claim = REPO / "examples" / "gpu-single" / "claim.yaml"
+    code, out, _ = run("-f", str(claim), "--mock", "l4", "-o", "json")
+    assert code == 0
+    body = json.loads(out)["claims"][0]
+    assert body["fits"] is True and body["nodes"][0]["node"] == NODE
+    assert {"device", "driver", "pool", "code", "reason", "seen"} <= set(body["nodes"][0]["alternatives"][0]["devices"][0])
+    code, out, _ = run("-f", str(REPO / "examples" / "mig" / "claim.yaml"), "--mock", "l4")
+    assert code == 1 and "fits on none of 1 node(s)" in out and "\033[" not in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requests: [{name: g}]}}\n")
+    for args, message in [
+        (("-f", str(bad), "--mock", "l4"), "claim default/x: request g has neither exactly nor firstAvailable"),
+        (("-f", str(tmp_path / "missing.yaml"), "--mock", "l4"), "cannot read it"),
+        (("nope", "-f", str(claim), "--mock", "l4"), "no ResourceClaim or ResourceClaimTemplate 'nope'"),
+        (("-f", str(claim), "--mock", "l4", "--node", "elsewhere"), "--node elsewhere: no ResourceSlice"),
+        (("--mock", "l4"), "name a claim (CLAIM) or give -f FILE"),
+        (("-f", str(claim), "--mock", "no-such-profile"), "--mock no-such-profile"),
+    ]:
+        code, out, err = run(*args)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+
+
+def test_colour_only_when_asked_or_on_a_terminal():
+    claim = str(REPO / "examples" / "gpu-single" / "claim.yaml")
+    assert "\033[32m" in run("-f", claim, "--mock", "l4", "--color", "always")[1]
+    assert "\033[" not in run("-f", claim, "--mock", "l4")[1]  # not a terminal
+
+
+def test_offline_slices_file_with_claims_and_a_template_by_name(published, tmp_path):
+    objects = published("l4")
+    gpus = [d["name"] for o in objects if o["kind"] == "ResourceSlice" for d in o["spec"].get("devices", [])
+            if d["name"].startswith("gpu-")]
+    objects.append(holder("busy", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": d} for d in gpus]))
+    objects.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "one-gpu", "namespace": "default"},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                        "deviceClassName": f"gpu.{DRIVER}", "allocationMode": "ExactCount", "count": 1}}]}}}})
+    dump = tmp_path / "cluster.yaml"
+    dump.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
+    code, out, _ = run("one-gpu", "--slices", str(dump))
+    # Published shareable (consumable, as the demo runs): the other claim holds all of it.
+    assert code == 1 and "not enough capacity left" in out and "(held by default/busy)" in out
+
+
+def test_against_a_cluster_through_a_kubeconfig(published, tmp_path):
+    objects = published("l4")
+    with ApiServer() as api:
+        for obj in objects:
+            if obj["kind"] == "ResourceSlice":
+                api.state.slices[obj["metadata"]["name"]] = obj
+            else:
+                api.put_object("deviceclasses", obj)
+        api.put_object("namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": "team-a", "labels": {}}})
+        gpus = [d["name"] for o in objects if o["kind"] == "ResourceSlice"
+                for d in o["spec"].get("devices", []) if d["name"].startswith("gpu-")]
+        results = [{"request": "g", "driver": DRIVER, "pool": NODE, "device": d} for d in gpus]
+        api.put_claim(claim_allocated("team-b", "training", "u-1", results, []))
+        request = {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}
+        api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "mine", "namespace": "team-a", "uid": "u-2"},
+                       "spec": {"devices": {"requests": [request]}}})
+        api.put_object("resourceclaimtemplates", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "tmpl", "namespace": "team-a"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": f"gpu.{DRIVER}", "adminAccess": True}}]}}}})
+        kubeconfig = api.kubeconfig(tmp_path)
+        code, out, err = run("mine", "-n", "team-a", "--kubeconfig", str(kubeconfig))
+        assert code == 1, err
+        assert "(held by team-b/training)" in out
+        code, out, _ = run("tmpl", "-n", "team-a", "--kubeconfig", str(kubeconfig), "-o", "json")
+        body = json.loads(out)["claims"][0]
+        assert body["source"] == "ResourceClaimTemplate from the cluster"
+        assert {d["code"] for d in body["nodes"][0]["alternatives"][0]["devices"]
+                if d["device"].startswith("gpu-")} == {engine.ADMIN}
+        code, _, err = run("absent", "-n", "team-a", "--kubeconfig", str(kubeconfig))
+        assert code == 2 and "no ResourceClaim or ResourceClaimTemplate 'absent' in namespace team-a" in err
+
+
+def test_the_installed_command_runs_as_the_readme_shows():
+    done = subprocess.run([sys.executable, "-m", "driver", "explain", "-f",
+                           str(REPO / "examples" / "gpu-nic-aligned" / "claim.yaml"), "--mock", "h100x8"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Node mock-node: fits" in done.stdout and "would get: gpu -> gpu-" in done.stdout
+
+
+def test_an_allocated_result_from_the_explanation_is_what_allocation_results_would_name(published):
+    """The result names the same driver/pool/device triple the allocator writes."""
+    objects = published("l4")
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}]}}
+    (allocation,) = explain(objects, spec).nodes[0].allocation
+    slices = [o for o in objects if o["kind"] == "ResourceSlice"]
+    inventory, shares, counters, taints = _inventory_from_slices(slices, DRIVER)
+    classes = {o["metadata"]["name"]: [s["cel"]["expression"] for s in o["spec"]["selectors"]]
+               for o in objects if o["kind"] == "DeviceClass"}
+    (result,) = allocation_results(allocate(spec, inventory, classes, DRIVER, set(), shares, counters, taints),
+                                   DRIVER, NODE)
+    assert {k: result[k] for k in ("request", "driver", "pool", "device")} == \
+        {k: allocation[k] for k in ("request", "driver", "pool", "device")}
+
+
+def test_other_drivers_devices_are_candidates_too(published):
+    objects = published("l4")
+    objects.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                    "metadata": {"name": "other"},
+                    "spec": {"driver": "gpu.example.com", "nodeName": NODE,
+                             "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1},
+                             "devices": [{"name": "x0", "attributes": {"model": {"string": "X"}}}]}})
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}]}}
+    result = explain(objects, spec)
+    other = verdicts(result)["x0"]
+    assert other.driver == "gpu.example.com" and other.code == engine.CLASS
+    assert other.seen["driver"] == '"gpu.example.com"'
+
+
+def test_only_the_newest_pool_generation_counts():
+    def slice_(generation: int, device: str) -> dict:
+        return {"kind": "ResourceSlice", "metadata": {"name": f"s{generation}"},
+                "spec": {"driver": DRIVER, "nodeName": "n", "pool": {"name": "n", "generation": generation,
+                                                                    "resourceSliceCount": 2},
+                         "devices": [{"name": device}]}}
+
+    world = w.build([slice_(1, "old"), slice_(2, "new")])
+    assert [d.name for d in world.devices] == ["new"]
+    assert world.notes == [f"pool n of {DRIVER}: 1 of 2 slices of its newest generation seen (being updated)"]
