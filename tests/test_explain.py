@@ -417,6 +417,16 @@ def test_the_installed_command_runs_as_the_readme_shows():
     assert "Node mock-node: fits" in done.stdout and "would get: gpu -> gpu-" in done.stdout
 
 
+def test_the_readme_shows_real_output(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("$ dra-driver explain -f claim.yaml --mock h100x8\n", 1)[1].split("```", 1)[0]
+    claim = tmp_path / "claim.yaml"
+    claim.write_text((REPO / "examples" / "gpu-by-model" / "claim.yaml").read_text()
+                     .replace('quantity("80G")', 'quantity("80Gi")'))
+    code, out, _ = run("-f", str(claim), "--mock", "h100x8")
+    assert code == 1 and out.rstrip() == block.rstrip()
+
+
 def test_an_allocated_result_from_the_explanation_is_what_allocation_results_would_name(published):
     """The result names the same driver/pool/device triple the allocator writes."""
     objects = published("l4")

@@ -1,9 +1,9 @@
 """`explain` output: a report for people (colour on a terminal) and JSON for tools.
 
-The table lists, per node and request, every device with the first reason it is out.
-Devices ruled out by the DeviceClass itself (another kind, another driver) are the bulk on
-most nodes and tell nothing about the claim: the table counts them on one line; JSON
-lists them all.
+The table lists, per node and request, every device with the first reason it is out;
+devices with the same verdict and the same values seen share a line. Devices ruled out by
+the DeviceClass itself (another kind, another driver) are the bulk on most nodes and tell
+nothing about the claim: the table counts them on one line. JSON lists every device.
 """
 
 from __future__ import annotations
@@ -90,12 +90,19 @@ def _request_header(alt: engine.AlternativeReport, style: Style) -> list[str]:
 def _devices(alt: engine.AlternativeReport, style: Style) -> list[str]:
     other = [d for d in alt.devices if d.code == engine.CLASS and d.expression is not None]
     rows = [d for d in alt.devices if d not in other]
-    lines = [f"  {alt.request}: {len(alt.fitting)} of {len(alt.devices)} device(s) fit"]
-    width = max((len(d.device) for d in rows), default=0)
+    lines = [f"  {alt.request}: {len(alt.fitting)} of {len(rows)} device(s) of the class fit"]
+    # Devices with the same verdict and the same values seen (eight identical GPUs) are one line.
+    groups: dict[tuple, list[engine.DeviceVerdict]] = {}
     for d in rows:
-        colour = "green" if d.code == engine.FITS else "red"
-        seen = f"  [{', '.join(f'{k}={v}' for k, v in d.seen.items())}]" if d.seen else ""
-        lines.append(f"    {d.device.ljust(width)}  {d.driver:<16} {style(d.reason, colour)}{seen}")
+        groups.setdefault((d.driver, d.code, d.reason, tuple(d.seen.items())), []).append(d)
+    width = max((len(g[0].device) for g in groups.values()), default=0)
+    for (driver, code, reason, seen), group in groups.items():
+        colour = "green" if code == engine.FITS else "red"
+        what = f"  [{', '.join(f'{k}={v}' for k, v in seen)}]" if seen else ""
+        lines.append(f"    {group[0].device.ljust(width)}  {driver:<16} {style(reason, colour)}{what}")
+        if len(group) > 1:
+            more = ", ".join(d.device for d in group[1:4]) + (", …" if len(group) > 4 else "")
+            lines.append(f"    {'':{width}}  {'':<16} {style(f'and {len(group) - 1} more alike: {more}', 'dim')}")
     if other:
         names = ", ".join(d.device for d in other[:4]) + (", …" if len(other) > 4 else "")
         lines.append(style(f"    {len(other)} other device(s) not in class {alt.device_class} ({names})", "dim"))
