@@ -58,6 +58,9 @@ class Metrics:
                                       registry=self.registry)
         self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Failed reconcile passes",
                                         registry=self.registry)
+        self.status_write_failures = Counter(f"{PREFIX}_claim_status_write_failures",
+                                             "Failed writes of ResourceClaim status.devices (retried)",
+                                             registry=self.registry)
         info = Gauge(f"{PREFIX}_build_info", "Build information", ["version", "driver"],
                      registry=self.registry)
         info.labels(__version__, driver).set(1)

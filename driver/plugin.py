@@ -24,6 +24,7 @@ from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.cdi import CdiWriter, Mount
 from driver.checkpoint import Checkpoint, read_boot_id
 from driver.claims import ClaimReader
+from driver.claimstatus import StatusWriter
 from driver.config import Config
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
@@ -42,9 +43,11 @@ from driver.node import NodeRoots, open_node
 from driver.prepare import Preparer
 from driver.prepare.devicestate import DeviceStates
 from driver.prepare.gpucontrol import GpuControl
+from driver.prepare.metadata import MetadataFiles
 from driver.prepare.mig import MigPartitions, MigRecords
 from driver.prepare.mps import MpsDaemons
 from driver.prepare.sharing import DeviceSharing
+from driver.prepare.status import host_addresses
 from driver.probes import HttpEndpoint, Probes
 from driver.publisher import Publisher
 
@@ -138,6 +141,8 @@ class Plugin:
             boot_id, inventory)
         mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory)
         instance.forget_dead()  # after the sweeps above, which need to know who died
+        metrics = Metrics(config.driver_name)
+        status = StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
         preparer = Preparer(
             driver=config.driver_name,
             pool=config.node_name,
@@ -151,10 +156,12 @@ class Plugin:
             driver_mounts=driver_mounts,
             sharing=sharing,
             mig=mig,
+            status=status,
+            addresses=host_addresses(node.proc),
+            metadata=MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token),
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
-        metrics = Metrics(config.driver_name)
         health = HealthState(config.driver_name, inventory)
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,
@@ -327,6 +334,8 @@ class Plugin:
             self.uevents.stop()
         if self.xid is not None:
             self.xid.stop()
+        if self.preparer.status is not None:  # what is due is written; the rest next time
+            await asyncio.to_thread(self.preparer.status.close)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

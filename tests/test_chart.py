@@ -264,6 +264,13 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
         uid = str(uuid.uuid4())
         api.put_claim(claim_allocated("default", "c", uid, []))
         ClaimReader(kube).get(ClaimRef("default", "c", uid))
+        # status.devices, written as after a prepare, against a 1.36 server.
+        from driver.claimstatus import StatusWriter
+
+        writer = StatusWriter(kube, DRIVER)
+        writer.publish(ClaimRef("default", "c", uid), [])
+        assert writer.wait_idle(10)
+        writer.close()
         assert cli.main(["cleanup", "--node-name", "node-a", "--kubeconfig", str(api.kubeconfig(tmp_path))]) == 0
         cluster_wide = set(api.state.access)
         # MPS control daemons: started, found, stopped, in the driver's namespace only.
@@ -275,6 +282,9 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
             assert len(daemons.pods()) == 1
             daemons.stop(gpu.name)
         namespaced = set(api.state.access) - cluster_wide
+    # The 1.36 subresource is granted for our driver's name only.
+    (driver_rule,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver_rule["resourceNames"] == [DRIVER]
     assert cluster_wide == allowed, \
         f"unused grants: {allowed - cluster_wide}; missing grants: {cluster_wide - allowed}"
     (mps_role,) = by_kind(render(), "Role")

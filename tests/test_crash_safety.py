@@ -8,6 +8,7 @@ import random
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 
@@ -33,8 +34,14 @@ def assert_consistent(dirs, prepared: set[str], unprepared: set[str]) -> None:
         check_spec(specs[uid])
         assert sorted(d["name"] for d in specs[uid]["devices"]) == \
             sorted(f"{uid}-{d['device']}" for d in recs[uid]["devices"])
+        # A spec never mounts a device metadata file that is not there (KEP-5304).
+        for device in specs[uid]["devices"]:
+            for mount in device["containerEdits"].get("mounts", []):
+                if mount["containerPath"].startswith("/var/run/kubernetes.io/dra-device-attributes/"):
+                    assert Path(mount["hostPath"]).is_file(), mount
     for uid in unprepared:
         assert uid not in recs and uid not in specs, uid
+        assert not (dirs.state / "metadata" / uid).exists(), uid
     assert set(recs) == set(specs) == prepared
     leftovers = [p for d in (dirs.cdi, dirs.state / "claims") for p in d.iterdir() if ".tmp-" in p.name]
     assert leftovers == []

@@ -7,6 +7,7 @@ Specs go to /var/run/cdi, where podman looks, under a driver name unique to the 
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -68,6 +69,18 @@ def test_container_gets_devices_and_env(container_tools, rootfs):
             # The node's driver files arrived where CUDA images look for them.
             assert "mock libcuda.so 550.54.15" in out
             assert "mock nvidia-smi: driver 550.54.15, 2 GPU(s) on the node" in out
+
+            # KEP-5304: the request's device metadata, read-only, at the well-known path.
+            meta = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/e2e/gpu/{driver_name}-metadata.json"
+            proc = podman_run(rootfs, cdi_ids, f"cat {meta}; echo; touch {meta} 2>&1 || echo READ-ONLY")
+            assert proc.returncode == 0, proc.stderr
+            text, _, rest = proc.stdout.partition("\n\n")
+            metadata = json.loads(text)
+            assert metadata["kind"] == "DeviceMetadata" and metadata["metadata"]["name"] == "e2e"
+            (request,) = metadata["requests"]
+            assert request["name"] == "gpu" and request["devices"][0]["name"] == GPU
+            assert request["devices"][0]["attributes"]["uuid"]["string"].startswith("GPU-")
+            assert "READ-ONLY" in rest
 
             # A container given only the NIC sees no GPU.
             nic_only = [i for d in entry.devices if d.device_name == NIC for i in d.cdi_device_ids]

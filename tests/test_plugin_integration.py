@@ -92,7 +92,10 @@ def test_prepare_and_unprepare(env, version):
     assert "DRA_GPU_0000_11_00_0_CLAIM=default/train" in gpu_edits["env"]
     # The driver's user-space files, from the node, where CUDA images look for them.
     driver_root = dirs.state / "mock" / "driver-root"
+    # KEP-5304: the request's device metadata, read-only, at the well-known path.
+    metadata = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/gpu/{DRIVER}-metadata.json"
     assert {m["containerPath"]: m["hostPath"] for m in gpu_edits["mounts"]} == {
+        metadata: f"{dirs.state}/metadata/{claim.uid}/gpu/{DRIVER}-metadata.json",
         "/usr/local/nvidia/lib64/libcuda.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
         "/usr/local/nvidia/lib64/libnvidia-ml.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
         "/usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.1":
@@ -104,7 +107,8 @@ def test_prepare_and_unprepare(env, version):
     assert [n["path"] for n in nic_edits["deviceNodes"]] == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
     assert "DRA_NIC_0000_12_00_0_IFNAME=enp18s0f0" in nic_edits["env"]
     assert "netDevices" not in nic_edits, "moving the interface is off by default"
-    assert "mounts" not in nic_edits
+    assert [m["containerPath"] for m in nic_edits["mounts"]] == [
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/nic/{DRIVER}-metadata.json"]
     assert len(record_files(dirs)) == 1
 
     again = kubelet.prepare([claim], version)

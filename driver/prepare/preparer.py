@@ -37,9 +37,12 @@ import structlog
 from driver import cdi, edits, opaque, quantity
 from driver.cdi import CdiDevice, CdiWriter
 from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
+from driver.claimstatus import DeviceStatus, StatusWriter
 from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
 from driver.devices.model import Device, Inventory
 from driver.locks import KeyedLocks, ProcessLock
+from driver.prepare import status as claim_status
+from driver.prepare.metadata import MetadataFiles, pod_claim_name
 from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.sharing import DeviceSharing, Use, use_of
 
@@ -48,6 +51,8 @@ from driver.prepare.sharing import DeviceSharing, Use, use_of
 class PrepareOutcome:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    # What the claim's status.devices says of them (driver/prepare/status.py).
+    status: tuple[DeviceStatus, ...] = ()
 
 
 def cdi_name(claim_uid: str, device: str, share_id: str | None) -> str:
@@ -76,6 +81,9 @@ class Preparer:
         driver_mounts: Callable[[], tuple[cdi.Mount, ...]] = lambda: (),
         sharing: DeviceSharing | None = None,
         mig: MigPartitions | None = None,
+        status: StatusWriter | None = None,
+        addresses: claim_status.Addresses = claim_status.no_addresses,
+        metadata: MetadataFiles | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -89,6 +97,9 @@ class Preparer:
         self.driver_mounts = driver_mounts
         self.sharing = sharing
         self.mig = mig
+        self.status = status
+        self.addresses = addresses
+        self.metadata = metadata
         self._sharing_lock = threading.RLock()
         self.locks = KeyedLocks()
         self.log = structlog.get_logger(component="prepare")
@@ -142,10 +153,20 @@ class Preparer:
     async def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
         claim = await asyncio.to_thread(self.claims.get, ref)
         allocation = allocation_for(claim, ref, self.driver)
-        prepared = self._resolve(ref, allocation)
-        return await self._local(ref, self._prepare_locally, prepared, log)
+        try:
+            prepared = self._resolve(ref, allocation)
+            outcome = await self._local(ref, self._prepare_locally, prepared, log,
+                                        pod_claim_name(claim))
+        except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
+            if self.status is not None:  # the claim shows why, not only the kubelet's event
+                self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
+            raise
+        if self.status is not None:
+            self.status.publish(ref, list(outcome.status))
+        return outcome
 
-    def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log) -> PrepareOutcome:
+    def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log,
+                         pod_claim: str | None) -> PrepareOutcome:
         uses = self._uses(ref, prepared)
         # Claims run in parallel threads; those that share a GPU are checked against each
         # other and change the device, so they go one at a time (exclusive ones need not).
@@ -153,25 +174,25 @@ class Preparer:
                      for u in uses) or (
             self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses}))
         with self._sharing_lock if shared else contextlib.nullcontext():
-            return self._prepare_checked(ref, prepared, uses, shared, log)
+            return self._prepare_checked(ref, prepared, uses, shared, log, pod_claim)
 
     def _prepare_checked(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
-                         uses: list[Use], shared: bool, log) -> PrepareOutcome:
+                         uses: list[Use], shared: bool, log, pod_claim: str | None) -> PrepareOutcome:
         record = self._record(ref, log)
         reason = "prepared"
         if record is not None and record.state is State.PREPARE_COMPLETED:
             if record.devices == prepared:
                 if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
                     log.debug("claim_already_prepared")
-                    return PrepareOutcome(record.devices)
+                    return PrepareOutcome(record.devices, status=self._status(record.devices, uses))
                 # Rebooted (tmpfs /var/run/cdi is empty, minors may differ, the GPU lost
                 # its settings) or spec deleted: rebuild from the allocation and today's
                 # hardware.
                 if shared:
                     self._set_up(ref, uses)
                 uses = self._partitions(ref, uses)
-                self._write(ref, prepared, uses, log, reason="restored")
-                return PrepareOutcome(prepared)
+                self._write(ref, prepared, uses, log, "restored", pod_claim)
+                return PrepareOutcome(prepared, status=self._status(prepared, uses))
             log.info("claim_reallocated", was=[d.device for d in record.devices],
                      now=[d.device for d in prepared])
             reason = "reprepared"
@@ -179,8 +200,13 @@ class Preparer:
         if shared:
             self._set_up(ref, uses)
         uses = self._partitions(ref, uses)
-        self._write(ref, prepared, uses, log, reason=reason)
-        return PrepareOutcome(prepared)
+        self._write(ref, prepared, uses, log, reason, pod_claim)
+        return PrepareOutcome(prepared, status=self._status(prepared, uses))
+
+    def _status(self, prepared: tuple[PreparedDevice, ...], uses: list[Use]) -> tuple[DeviceStatus, ...]:
+        if self.status is None:
+            return ()
+        return tuple(claim_status.prepared(prepared, [u.device for u in uses], self.addresses))
 
     def _uses(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> list[Use]:
         inventory = self.inventory()
@@ -303,8 +329,15 @@ class Preparer:
         return chosen
 
     def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], uses: list[Use], log,
-               reason: str) -> None:
+               reason: str, pod_claim: str | None = None) -> None:
         driver_mounts = self.driver_mounts()
+        # KEP-5304: the metadata files first, then the spec that mounts them; each
+        # request's file goes with the first of its devices (a container gets all of them).
+        metadata_mounts: dict[str, cdi.Mount] = {}
+        if self.metadata is not None:
+            metadata_mounts = self.metadata.write(ref, pod_claim, [
+                (p, u.device, claim_status.network_of(u.device, p, self.addresses))
+                for p, u in zip(devices, uses)])
         cdi_devices = []
         for prepared, use in zip(devices, uses):
             device = use.device
@@ -318,6 +351,10 @@ class Preparer:
                 container_edits = dataclasses.replace(
                     container_edits, env=container_edits.env + tuple(env),
                     mounts=container_edits.mounts + tuple(mounts))
+            mount = metadata_mounts.pop(base_request(prepared.request), None)
+            if mount is not None:
+                container_edits = dataclasses.replace(container_edits,
+                                                      mounts=container_edits.mounts + (mount,))
             cdi_devices.append(CdiDevice(cdi_name(ref.uid, device.name, prepared.share_id),
                                          container_edits))
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
@@ -336,7 +373,11 @@ class Preparer:
         # The spec goes first: once the record is gone nothing remembers the spec, while a
         # record without a spec is harmless and removed by the retry.
         removed_spec = self.cdi.remove(ref.uid)
+        if self.metadata is not None:  # after the spec that mounts it
+            self.metadata.remove(ref.uid)
         removed_record = self.checkpoint.remove(ref.uid)
+        if self.status is not None:
+            self.status.publish(ref, [])  # our entries leave the claim (if it is still there)
         if removed_spec or removed_record:
             log.info("claim_unprepared")
         else:
@@ -355,18 +396,32 @@ class Preparer:
         return ""
 
     async def reconcile_sharing(self) -> list[str]:
-        """After a start and periodically: device setups match the prepared claims."""
-        if self.sharing is None:
-            return []
+        """After a start and periodically: device setups match the prepared claims, and
+        no metadata files outlive their claims."""
         async with self.process_lock.hold():
             return await asyncio.to_thread(self._reconcile_sharing)
 
     def _reconcile_sharing(self) -> list[str]:
+        self._sweep_metadata()
+        if self.sharing is None:
+            return []
         with self._sharing_lock:
             records = list(self.checkpoint.records())
             # Also partitions a crash left behind (prepared, then the claim record never
             # written; or unprepared before the destroy).
             return self.sharing.reconcile(records) + self._release_partitions(records)
+
+    def _sweep_metadata(self) -> None:
+        """Metadata of claims with neither a record nor a spec: a prepare that crashed
+        before its spec, whose claim never came back. Under the process lock, so no
+        prepare of either instance is between its writes."""
+        if self.metadata is None:
+            return
+        known = set(self.checkpoint.uids())
+        for uid in self.metadata.uids():
+            if uid not in known and not self.cdi.path(uid).exists():
+                self.metadata.remove(uid)
+                self.log.info("claim_metadata_swept", claim_uid=uid)
 
     def _release_partitions(self, records: list[ClaimRecord]) -> list[str]:
         """Destroy the MIG partitions no prepared claim holds; the errors."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from driver import quantity
+from driver.sim import claimstatus
 from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
@@ -48,6 +49,8 @@ class State:
     # (resource, namespace or "", name) -> object; resources: deviceclasses,
     # resourceclaimtemplates, devicetaintrules, namespaces.
     objects: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    # (namespace, claim) -> status.devices entry key -> field managers (server-side apply)
+    status_owners: dict[tuple[str, str], dict[tuple, set[str]]] = field(default_factory=dict)
     # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
     # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
     pod_nodes: set[str] = field(default_factory=set)
@@ -189,6 +192,7 @@ def claim_allocated(namespace: str, name: str, uid: str, results: list[dict],
 
 _SLICES = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/resourceslices(?:/([^/]+))?$")
 _CLAIM = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/namespaces/([^/]+)/resourceclaims/([^/]+)$")
+_CLAIM_STATUS = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/namespaces/([^/]+)/resourceclaims/([^/]+)/status$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 # Reads of other resource.k8s.io objects: lists, and named GETs.
@@ -252,10 +256,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
     def _dispatch(self, method: str) -> None:
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        body = self._body() if method in ("POST", "PUT", "DELETE") else None
+        body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else None
         if self._fault(method, url.path):
             return
         if method == "GET" and url.path == f"/apis/{GROUP}":
@@ -272,6 +279,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
         if m := _PODS.match(url.path):
             return self._pods(method, m.group(1), m.group(2), query, body)
+        if m := _CLAIM_STATUS.match(url.path):
+            return self._claim_status(method, *m.groups(), query, body)
         if m := _CLAIM.match(url.path):
             version, namespace, name = m.groups()
             if version not in self.state.versions:
@@ -294,6 +303,29 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and (m := _READS.match(url.path)):
             return self._read(*m.groups())
         self._status(404, f"no route for {method} {url.path}", "NotFound")
+
+    def _claim_status(self, method: str, version: str, namespace: str, name: str, query: dict,
+                      body) -> None:
+        if version not in self.state.versions:
+            return self._status(404, "version not served", "NotFound")
+        if method != "PATCH":
+            return self._status(405, f"{method} on resourceclaims/status is not emulated", "MethodNotAllowed")
+        with self.state.lock:
+            claim = self.state.claims.get((namespace, name))
+            if claim is None:
+                return self._status(404, f"resourceclaims {name!r} not found", "NotFound")
+            owners = self.state.status_owners.setdefault((namespace, name), {})
+            try:
+                claimstatus.apply(claim, owners, body, query.get("fieldManager"),
+                                  query.get("force") in ("true", "1"),
+                                  self.headers.get("Content-Type", ""))
+            except claimstatus.ApplyError as err:
+                return self._status(err.code, err.message, err.reason)
+            self.state.resource_version += 1
+            claim["metadata"]["resourceVersion"] = str(self.state.resource_version)
+            reply = copy.deepcopy(claim)
+        reply["apiVersion"] = f"{GROUP}/{version}"
+        return self._send(200, reply)
 
     def _read(self, version: str, namespace: str | None, resource: str, name: str | None) -> None:
         # devicetaintrules is alpha (v1alpha3) before 1.36; the rest follow the served versions.
@@ -326,6 +358,14 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET":
                 verb = "get" if m.group(2) else "list"
             access = (verb, "", "pods")
+        elif _CLAIM_STATUS.match(path):
+            access = (method.lower(), GROUP, "resourceclaims/status")
+            if self.state.server_version >= (1, 36) and self.state.gates.get(
+                    "DRAResourceClaimGranularStatusAuthorization", True):
+                # 1.36: writing status.devices also needs this verb on the driver
+                # subresource, for the driver names of the entries (resourceNames).
+                with self.state.lock:
+                    self.state.access.add(("associated-node:" + method.lower(), GROUP, "resourceclaims/driver"))
         elif _CLAIM.match(path):
             access = ({"GET": "get", "PUT": "update", "DELETE": "delete"}.get(method, method), GROUP, "resourceclaims")
         elif m := _SLICES.match(path):

@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 import uuid
@@ -189,10 +190,6 @@ class _Writer:
             name = profile.management_nic.ifname or "eno1"
             self.nic(root_port, "0000:01:00.0", profile.management_nic, 0, name, mgmt=True)
             route.append(f"{name}\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0")
-        # /proc/1/net: the host's namespace (driver/devices/net.py); /proc/net as well, as
-        # the kernel offers it.
-        self.file(self.proc / "1" / "net" / "route", "\n".join(route))
-        self.file(self.proc / "net" / "route", "\n".join(route))
         self.virtual_interfaces()
         for r, root_spec in enumerate(profile.roots):
             domain = f"{r // 15:04x}"
@@ -211,6 +208,8 @@ class _Writer:
                     self.alveo(port, ep, card, root_spec.numa)
                 elif isinstance(card, DflSpec):
                     self.dfl(port, f"{ep}.0", card, root_spec.numa)
+        mgmt = (profile.management_nic.ifname or "eno1") if profile.management_nic else None
+        self.addresses(route, [i for i in self.interfaces if i != mgmt])
         if self._uverbs:
             self.node("/dev/infiniband/rdma_cm")
         if self.gpus:
@@ -243,6 +242,24 @@ class _Writer:
         path = self.sys / "devices" / f"pci{domain}:{bus:02x}"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def addresses(self, route: list[str], interfaces: list[str]) -> None:
+        """Each data NIC gets 10.<100+n/250>.<n%250>.2/24 and fd00::<n>:0:0:2/64, in the
+        files the kernel lists them in (driver/devices/addresses.py reads them). /proc/1/net
+        is the host's namespace (driver/devices/net.py); /proc/net as well, as the kernel
+        offers it."""
+        trie = ["Main:", "  +-- 0.0.0.0/0 3 0 5", "Local:", "  +-- 0.0.0.0/0 3 0 5"]
+        inet6 = []
+        for n, ifname in enumerate(interfaces):
+            third, second = n % 250, 100 + n // 250
+            subnet = struct.unpack("<I", bytes((10, second, third, 0)))[0]
+            route.append(f"{ifname}\t{subnet:08X}\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0")
+            trie += [f"     |-- 10.{second}.{third}.2", "        /32 host LOCAL"]
+            inet6.append(f"fd00{n:016x}000000000002 {n + 2:02x} 40 00 80 {ifname}")
+        for net in (self.proc / "1" / "net", self.proc / "net"):
+            self.file(net / "route", "\n".join(route))
+            self.file(net / "fib_trie", "\n".join(trie))
+            self.file(net / "if_inet6", "\n".join(inet6))
 
     def virtual_interfaces(self) -> None:
         for name, mac in (("lo", "00:00:00:00:00:00"), ("docker0", "02:42:ac:11:00:01"),

@@ -1,0 +1,183 @@
+"""ResourceClaim `status.devices` (KEP-4817): what this driver prepared, written back to
+the claim so that users, controllers and other tools see it without node access.
+
+Entries are written with server-side apply under the driver's name as field manager:
+`status.devices` is a map list keyed by (driver, device, pool, shareID), so an apply owns
+exactly the entries it sends and other drivers' entries in the same claim stay as they
+are; an apply with no entries removes ours (unprepare). `metadata.uid` in the body makes
+the write a precondition: a claim deleted and re-created under the same name is not
+touched.
+
+Writes run on a thread of their own, off the prepare path: a prepare never waits for one
+and never fails because of one. A failed write is retried with backoff (0.5 s doubling to
+30 s, given up after 10 tries: the next prepare or unprepare of the claim writes again) and
+counted; a newer state of the claim replaces a pending one. Gone (404) and re-created
+(409 on the UID) claims are dropped.
+
+RBAC: `patch` on `resourceclaims/status`; from Kubernetes 1.36 also
+`associated-node:patch` on `resourceclaims/driver` for `resourceNames: [<driver>]`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+import structlog
+
+from driver.claims import ClaimRef
+from driver.kube import ApiError, Kube, NotFound
+from driver.slices import API_GROUP
+
+APPLY = "application/apply-patch+yaml"
+FIRST_RETRY, MAX_RETRY, MAX_ATTEMPTS = 0.5, 30.0, 10
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    pool: str
+    device: str
+    share_id: str | None
+    ready: bool
+    reason: str  # a metav1.Condition reason: Prepared, PrepareFailed
+    message: str = ""
+    data: dict | None = None
+    network: dict | None = None  # networkData: interfaceName, ips, hardwareAddress
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def entry(driver: str, status: DeviceStatus, when: str) -> dict:
+    body: dict = {"driver": driver, "pool": status.pool, "device": status.device}
+    if status.share_id:
+        body["shareID"] = status.share_id
+    body["conditions"] = [{"type": "Ready", "status": "True" if status.ready else "False",
+                           "reason": status.reason, "message": status.message[:32768],
+                           "lastTransitionTime": when}]
+    if status.data:
+        body["data"] = status.data
+    if status.network:
+        body["networkData"] = status.network
+    return body
+
+
+def apply_body(ref: ClaimRef, driver: str, devices: list[DeviceStatus], version: str, when: str) -> dict:
+    return {"apiVersion": f"{API_GROUP}/{version}", "kind": "ResourceClaim",
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+            "status": {"devices": [entry(driver, d, when) for d in devices]}}
+
+
+@dataclass
+class _Pending:
+    ref: ClaimRef
+    devices: list[DeviceStatus]
+    attempt: int = 0
+    due: float = 0.0
+
+
+@dataclass
+class StatusWriter:
+    kube: Kube
+    driver: str
+    on_failure: Callable[[], None] = lambda: None  # a metric's inc
+    clock: Callable[[], float] = time.monotonic
+    _pending: dict[str, _Pending] = field(default_factory=dict)
+    _cv: threading.Condition = field(default_factory=threading.Condition)
+    _thread: threading.Thread | None = None
+    _stopped: bool = False
+    _busy: int = 0
+
+    def __post_init__(self) -> None:
+        self.log = structlog.get_logger(component="claim_status")
+
+    def publish(self, ref: ClaimRef, devices: list[DeviceStatus]) -> None:
+        """Make the claim's entries of this driver these (none: remove them). Returns at once."""
+        with self._cv:
+            if self._stopped:
+                return
+            self._pending[ref.uid] = _Pending(ref, list(devices), 0, self.clock())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Tests and shutdown: True once nothing is pending or being written."""
+        deadline = self.clock() + timeout
+        with self._cv:
+            while self._pending or self._busy:
+                left = deadline - self.clock()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write what is due within `timeout`, then stop (the rest is rewritten by the next
+        prepare or unprepare of those claims)."""
+        self.wait_idle(timeout)
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped:
+                    due = [p for p in self._pending.values() if p.due <= self.clock()]
+                    if due:
+                        break
+                    wait = min((p.due for p in self._pending.values()), default=self.clock() + 1) - self.clock()
+                    self._cv.wait(max(wait, 0.01))
+                if self._stopped:
+                    return
+                item = min(due, key=lambda p: p.due)
+                del self._pending[item.ref.uid]
+                self._busy += 1
+            try:
+                self._write(item)
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def _write(self, item: _Pending) -> None:
+        log = self.log.bind(claim_uid=item.ref.uid, claim_namespace=item.ref.namespace,
+                            claim_name=item.ref.name)
+        try:
+            version = self.kube.resource_version()
+            path = (f"/apis/{API_GROUP}/{version}/namespaces/{item.ref.namespace}/resourceclaims/"
+                    f"{item.ref.name}/status")
+            body = apply_body(item.ref, self.driver, item.devices, version, now())
+            self.kube.request("PATCH", path, query={"fieldManager": self.driver, "force": "true"},
+                              body=json.dumps(body), content_type=APPLY)
+        except NotFound:
+            log.debug("claim_status_claim_gone")
+            return
+        except ApiError as err:
+            if err.status == 409 and "UID" in str(err):
+                log.info("claim_status_claim_recreated", error=str(err))
+                return
+            self.on_failure()
+            item.attempt += 1
+            if item.attempt >= MAX_ATTEMPTS:
+                log.warning("claim_status_write_abandoned", attempts=item.attempt, error=str(err))
+                return
+            delay = min(FIRST_RETRY * 2 ** (item.attempt - 1), MAX_RETRY)
+            log.warning("claim_status_write_failed", attempt=item.attempt, retry_in_s=delay, error=str(err))
+            with self._cv:
+                # A newer state queued meanwhile wins over this retry.
+                if item.ref.uid not in self._pending and not self._stopped:
+                    item.due = self.clock() + delay
+                    self._pending[item.ref.uid] = item
+                    self._cv.notify()
+            return
+        log.debug("claim_status_written", devices=len(item.devices))

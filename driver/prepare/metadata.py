@@ -1,0 +1,109 @@
+"""Device metadata inside the container (KEP-5304): what a container was given, readable
+without API access (NCCL launchers, KubeVirt, a user's script).
+
+Per claim, request and driver one file, mounted read-only through the claim's CDI spec at
+  /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json
+or, for a claim made from a template, under `resourceclaimtemplates/<podClaimName>/` (the
+name the pod gives the claim, from the claim's `resource.kubernetes.io/pod-claim-name`
+annotation). `<request>` is the top-level request; inside, `requests[].name` keeps the
+`request/subrequest` that was allocated.
+
+The file is a JSON stream of `metadata.resource.k8s.io/v1alpha1` DeviceMetadata objects,
+one per supported version, newest first (one today): the claim's identity with a
+`generation` that grows with every rewrite, and per device its driver, pool, name, the
+attributes as published in the ResourceSlice, and `networkData` for NICs.
+
+The files live in the state directory (`metadata/<claim UID>/`), a host path the runtime
+can bind-mount. They are written before the CDI spec that mounts them and removed after
+it, so a spec never points at a missing file; a crash in between leaves files that the
+retried prepare rewrites, the unprepare removes, or the sweep removes once no record and
+no spec names the claim.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver import atomic, cdi, slices
+from driver.checkpoint import PreparedDevice
+from driver.claims import ClaimRef
+from driver.devices.model import Device
+
+CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+def pod_claim_name(claim: dict) -> str | None:
+    value = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_ANNOTATION)
+    return value if isinstance(value, str) and value else None
+
+
+def container_path(ref: ClaimRef, pod_claim: str | None, request: str, driver: str) -> str:
+    where = f"resourceclaimtemplates/{pod_claim}" if pod_claim else f"resourceclaims/{ref.name}"
+    return f"{CONTAINER_ROOT}/{where}/{request}/{driver}-metadata.json"
+
+
+@dataclass(frozen=True)
+class MetadataFiles:
+    root: Path  # <state-dir>/metadata
+    driver: str
+    owner: str  # the writing instance's token (atomic temp files)
+
+    def directory(self, uid: str) -> Path:
+        return self.root / uid
+
+    def write(self, ref: ClaimRef, pod_claim: str | None,
+              devices: list[tuple[PreparedDevice, Device, dict | None]]) -> dict[str, cdi.Mount]:
+        """Write one file per top-level request; returns request -> the mount for it.
+        `devices`: (prepared, device as prepared, networkData or None)."""
+        by_request: dict[str, list[tuple[PreparedDevice, Device, dict | None]]] = {}
+        for entry in devices:
+            by_request.setdefault(entry[0].request.split("/", 1)[0], []).append(entry)
+        mounts = {}
+        for request, entries in by_request.items():
+            host = self.directory(ref.uid) / request / f"{self.driver}-metadata.json"
+            generation = _generation(host) + 1
+            body = {
+                "kind": "DeviceMetadata", "apiVersion": API_VERSION,
+                "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid,
+                             "generation": generation},
+                **({"podClaimName": pod_claim} if pod_claim else {}),
+                "requests": _requests(self.driver, entries),
+            }
+            atomic.write(host, (json.dumps(body, indent=2) + "\n").encode(), owner=self.owner)
+            mounts[request] = cdi.Mount(str(host), container_path(ref, pod_claim, request, self.driver))
+        return mounts
+
+    def remove(self, uid: str) -> bool:
+        directory = self.directory(uid)
+        if not directory.exists():
+            return False
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+
+    def uids(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+
+
+def _requests(driver: str, entries) -> list[dict]:
+    requests: dict[str, list[dict]] = {}
+    for prepared, device, network in entries:
+        body = {"driver": driver, "pool": prepared.pool, "name": prepared.device,
+                "attributes": {k: slices.attribute_value(v) for k, v in sorted(device.attributes.items())}}
+        if network:
+            body["networkData"] = network
+        requests.setdefault(prepared.request, []).append(body)
+    return [{"name": name, "devices": devices} for name, devices in requests.items()]
+
+
+def _generation(path: Path) -> int:
+    """The generation of the file there (its first object), 0 when there is none."""
+    try:
+        first = json.JSONDecoder().raw_decode(path.read_text())[0]
+        return int(first["metadata"]["generation"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0

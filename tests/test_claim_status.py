@@ -1,0 +1,203 @@
+"""ResourceClaim status.devices (KEP-4817): written by the real driver process with
+server-side apply, checked by the API emulator as the real server checks it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from driver.sim import claimstatus as server
+from driver.sim.apiserver import ApiServer, Fault
+from tests.driverproc import DRIVER, DriverDirs, DriverProcess
+from tests.test_plugin_integration import FPGA, GPU, NIC, new_claim, opaque, result
+
+OTHER = "gpu.example.com"
+
+
+@pytest.fixture
+def env():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        driver = DriverProcess(api, dirs).start()
+        kubelet = driver.kubelet()
+        yield api, driver, kubelet
+        kubelet.close()
+        driver.kill()
+    dirs.cleanup()
+
+
+def devices(api, claim) -> list[dict]:
+    with api.state.lock:
+        return json.loads(json.dumps((api.state.claims[(claim.namespace, claim.name)].get("status") or {})
+                                     .get("devices") or []))
+
+
+def wait(predicate, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def ours(api, claim) -> dict[str, dict]:
+    return {d["device"]: d for d in devices(api, claim) if d["driver"] == DRIVER}
+
+
+def test_prepare_writes_ready_entries_and_unprepare_removes_them(env):
+    api, driver, kubelet = env
+    claim = new_claim(api, "train", [result("gpu", GPU), result("nic", NIC), result("fpga", FPGA)])
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    entries = wait(lambda: len(ours(api, claim)) == 3 and ours(api, claim), "three entries")
+    gpu = entries[GPU]
+    assert gpu["pool"] == "node-a" and "shareID" not in gpu
+    (ready,) = gpu["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert ready["message"] == f"CDI device {DRIVER}/claim={claim.uid}-{GPU}"
+    assert gpu["data"]["type"] == "gpu" and gpu["data"]["uuid"].startswith("GPU-")
+    assert gpu["data"]["pciBusID"] == "0000:11:00.0" and "networkData" not in gpu
+    assert entries[FPGA]["data"]["type"] == "fpga"
+    # The NIC: its interface as the pod sees it (not moved: the host's name), the host
+    # interface's addresses, and the MAC the mock node gave it.
+    nic = entries[NIC]
+    mac = (driver.dirs.state / "mock" / "sys" / "class" / "net" / "enp18s0f0" / "address").read_text().strip()
+    assert nic["networkData"] == {"interfaceName": "enp18s0f0", "hardwareAddress": mac,
+                                  "ips": ["10.100.0.2/24", "fd00::2/64"]}
+    assert nic["data"]["ifName"] == "enp18s0f0"
+    assert server.validate(api.state.claims[(claim.namespace, claim.name)], list(entries.values())) == []
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    wait(lambda: devices(api, claim) == [], "the entries to go")
+
+
+def test_a_moved_interface_reports_its_pod_name_and_no_host_address(env):
+    api, _, kubelet = env
+    config = [opaque(["nic"], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig",
+                               "moveInterface": True, "interfaceName": "net1"})]
+    claim = new_claim(api, "moved", [result("nic", NIC)], config)
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    nic = wait(lambda: ours(api, claim).get(NIC), "the NIC entry")
+    assert nic["networkData"]["interfaceName"] == "net1" and "ips" not in nic["networkData"]
+
+
+def test_another_drivers_entry_in_the_same_claim_is_left_alone(env):
+    api, _, kubelet = env
+    claim = new_claim(api, "mixed", [result("gpu", GPU), result("x", "x0", pool="node-a", driver=OTHER)])
+    theirs = {"driver": OTHER, "pool": "node-a", "device": "x0", "data": {"mine": True}}
+    with api.state.lock:  # the other driver applied its entry under its own field manager
+        server.apply(api.state.claims[("default", "mixed")], api.state.status_owners.setdefault(
+            ("default", "mixed"), {}), {"status": {"devices": [theirs]}}, OTHER, True,
+            server.APPLY_CONTENT_TYPE)
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    wait(lambda: GPU in ours(api, claim), "our entry")
+    assert theirs in devices(api, claim)
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    wait(lambda: GPU not in ours(api, claim), "our entry to go")
+    assert devices(api, claim) == [theirs]
+
+
+def test_a_failed_prepare_reports_why_in_the_ready_condition(env):
+    api, _, kubelet = env
+    blocker = new_claim(api, "first", [result("gpu", GPU)])
+    assert kubelet.prepare([blocker]).claims[blocker.uid].error == ""
+    claim = new_claim(api, "second", [result("gpu", GPU)])
+    error = kubelet.prepare([claim]).claims[claim.uid].error
+    assert "already prepared for claim default/first" in error
+    entry = wait(lambda: ours(api, claim).get(GPU), "the failed entry")
+    (ready,) = entry["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "PrepareFailed")
+    assert ready["message"] == error
+
+
+def test_a_rejected_status_write_is_retried_and_never_fails_the_prepare(env):
+    api, driver, kubelet = env
+    api.inject(Fault("PATCH", r"/resourceclaims/[^/]+/status$", status=403, times=2))
+    claim = new_claim(api, "denied", [result("gpu", GPU)])
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    wait(lambda: GPU in ours(api, claim), "the entry after two refusals")
+    assert driver.log().count('"claim_status_write_failed"') == 2
+
+
+def test_failed_writes_are_counted_in_the_metric(tmp_path):
+    from driver.claimstatus import DeviceStatus, StatusWriter
+    from driver.claims import ClaimRef
+    from driver.kube import Kube, api_client
+    from driver.metrics import Metrics
+    from driver.sim.apiserver import claim_allocated
+
+    metrics = Metrics(DRIVER)
+    with ApiServer() as api:
+        api.put_claim(claim_allocated("default", "c", "u-1", [result("gpu", GPU)]))
+        api.inject(Fault("PATCH", r"/status$", status=500, times=3))
+        writer = StatusWriter(Kube(api_client(api.kubeconfig(tmp_path))), DRIVER,
+                              on_failure=metrics.status_write_failures.inc)
+        writer.publish(ClaimRef("default", "c", "u-1"),
+                       [DeviceStatus("node-a", GPU, None, True, "Prepared")])
+        assert writer.wait_idle(20)
+        writer.close()
+        assert [d["device"] for d in api.state.claims[("default", "c")]["status"]["devices"]] == [GPU]
+    value = metrics.registry.get_sample_value("dra_driver_claim_status_write_failures_total")
+    assert value == 3
+
+
+def test_a_recreated_claim_is_not_written(env):
+    api, driver, kubelet = env
+    claim = new_claim(api, "again", [result("gpu", GPU)])
+    api.inject(Fault("PATCH", r"/status$", status=0, delay=1.0))
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    with api.state.lock:  # deleted and re-created under the same name meanwhile
+        api.state.claims[("default", "again")]["metadata"]["uid"] = "another-uid"
+    wait(lambda: "claim_status_claim_recreated" in driver.log(), "the write to be dropped")
+    assert devices(api, claim) == []
+
+
+# -- the emulator is as strict as the server ---------------------------------------------------------
+def _claim() -> dict:
+    return {"metadata": {"name": "c", "namespace": "default", "uid": "u"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": "p", "device": "d"}]}}}}
+
+
+def _entry(**extra) -> dict:
+    return {"driver": DRIVER, "pool": "p", "device": "d", **extra}
+
+
+@pytest.mark.parametrize("entry, message", [
+    (_entry(device="other"), "must be an allocated device in the claim"),
+    (_entry(conditions=[{"type": "Ready", "status": "True", "reason": "bad reason",
+                         "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]), "reason: Invalid value"),
+    (_entry(conditions=[{"type": "Ready", "status": "Yes", "reason": "R", "message": "",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]), "status: Unsupported value"),
+    (_entry(conditions=[{"type": "Ready", "status": "True", "reason": "R", "message": ""}]),
+     "lastTransitionTime: Required value"),
+    (_entry(data={"x": "y" * 11000}), "data: Too long"),
+    (_entry(networkData={"ips": ["10.0.0.1"]}), "must be a valid address in CIDR form"),
+    (_entry(networkData={"ips": ["10.0.0.1/24", "10.0.0.1/24"]}), "ips: Duplicate value"),
+    (_entry(networkData={"interfaceName": "x" * 257}), "interfaceName: Too long"),
+])
+def test_the_emulator_rejects_what_the_server_rejects(entry, message):
+    with pytest.raises(server.ApplyError) as raised:
+        server.apply(_claim(), {}, {"status": {"devices": [entry]}}, DRIVER, True, server.APPLY_CONTENT_TYPE)
+    assert raised.value.code == 422 and message in raised.value.message
+
+
+def test_the_emulator_needs_apply_a_field_manager_and_the_right_uid():
+    for args, code in [
+        (({"status": {}}, DRIVER, True, "application/merge-patch+json"), 415),
+        (({"status": {}}, None, True, server.APPLY_CONTENT_TYPE), 400),
+        (({"metadata": {"uid": "other"}, "status": {}}, DRIVER, True, server.APPLY_CONTENT_TYPE), 409),
+    ]:
+        with pytest.raises(server.ApplyError) as raised:
+            server.apply(_claim(), {}, *args)
+        assert raised.value.code == code
+    # Another manager's entry is a conflict without force.
+    claim, owners = _claim(), {}
+    server.apply(claim, owners, {"status": {"devices": [_entry()]}}, OTHER, True, server.APPLY_CONTENT_TYPE)
+    with pytest.raises(server.ApplyError) as raised:
+        server.apply(claim, owners, {"status": {"devices": [_entry()]}}, DRIVER, False, server.APPLY_CONTENT_TYPE)
+    assert raised.value.code == 409
