@@ -54,7 +54,9 @@ def test_default_render_is_valid():
     validate_all(objects)
     assert sorted(o["kind"] for o in objects) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # own slices; opaque configs
+        "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
     ds, c, env = container(objects)
     assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
     assert ds["spec"]["template"]["spec"]["hostNetwork"] is False

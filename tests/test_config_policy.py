@@ -1,0 +1,220 @@
+"""The chart's ValidatingAdmissionPolicy for opaque configs and the driver's decoder give
+the same verdict on the same configs: one table, fed to both. The policy's CEL runs on
+cel-python with the Kubernetes quantity functions (driver/sim/cel.py), as the API server
+would run it; the API server's own 10 KiB limit on parameters stands beside it."""
+
+from __future__ import annotations
+
+import json
+
+import celpy
+import kubernetes_validate
+import pytest
+
+from driver import opaque
+from driver.sim import cel as k8s_cel
+from tests.test_chart import by_kind, render
+
+DRIVER = "accel.dra.io"
+V = opaque.API_VERSION
+
+GOOD = {
+    "gpu env": {"apiVersion": V, "kind": "GpuConfig", "env": {"NCCL_DEBUG": "INFO", "_X1": ""}},
+    "gpu empty": {"apiVersion": V, "kind": "GpuConfig"},
+    "gpu time-slicing": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+    "gpu time-slicing default interval": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": {}}},
+    "gpu mps": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "20Gi"}}},
+    "gpu mps bytes as int": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultPinnedDeviceMemoryLimit": 1048576}}},
+    "gpu mps 1Mi": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "defaultPinnedDeviceMemoryLimit": "1Mi", "defaultActiveThreadPercentage": 100}}},
+    "gpu sharing null": {"apiVersion": V, "kind": "GpuConfig", "sharing": None},
+    "gpu mps with null time-slicing": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "timeSlicingConfig": None}},
+    "fpga management": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": True},
+    "nic moved": {"apiVersion": V, "kind": "NicConfig", "moveInterface": True, "interfaceName": "net1",
+                  "rdma": False},
+    "nic null name": {"apiVersion": V, "kind": "NicConfig", "interfaceName": None},
+    "env of 64": {"apiVersion": V, "kind": "GpuConfig", "env": {f"V{i}": "x" for i in range(64)}},
+}
+BAD = {
+    "not an object": ["GpuConfig"],
+    "wrong apiVersion": {"apiVersion": "accel.dra.io/v1", "kind": "GpuConfig"},
+    "no apiVersion": {"kind": "GpuConfig"},
+    "unknown kind": {"apiVersion": V, "kind": "TpuConfig"},
+    "no kind": {"apiVersion": V},
+    "unknown field": {"apiVersion": V, "kind": "GpuConfig", "envs": {}},
+    "field of another kind": {"apiVersion": V, "kind": "GpuConfig", "moveInterface": True},
+    "env not a map": {"apiVersion": V, "kind": "GpuConfig", "env": ["A=1"]},
+    "env null": {"apiVersion": V, "kind": "GpuConfig", "env": None},
+    "env bad name": {"apiVersion": V, "kind": "GpuConfig", "env": {"1ABC": "x"}},
+    "env dash": {"apiVersion": V, "kind": "GpuConfig", "env": {"A-B": "x"}},
+    "env DRA_": {"apiVersion": V, "kind": "GpuConfig", "env": {"DRA_GPU_UUID": "x"}},
+    "env value not a string": {"apiVersion": V, "kind": "GpuConfig", "env": {"N": 1}},
+    "env of 65": {"apiVersion": V, "kind": "GpuConfig", "env": {f"V{i}": "x" for i in range(65)}},
+    "bool as string": {"apiVersion": V, "kind": "NicConfig", "moveInterface": "true"},
+    "bool as int": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": 1},
+    "rdma null": {"apiVersion": V, "kind": "NicConfig", "rdma": None},
+    "interface too long": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16},
+    "interface slash": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "net/1"},
+    "interface empty": {"apiVersion": V, "kind": "NicConfig", "interfaceName": ""},
+    "interface number": {"apiVersion": V, "kind": "NicConfig", "interfaceName": 1},
+    "sharing not an object": {"apiVersion": V, "kind": "GpuConfig", "sharing": "MPS"},
+    "no strategy": {"apiVersion": V, "kind": "GpuConfig", "sharing": {}},
+    "null strategy": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": None}},
+    "unknown strategy": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "vGPU"}},
+    "unknown sharing field": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mig": {}}},
+    "time-slicing with MPS": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "timeSlicingConfig": {"interval": "Short"}}},
+    "bad interval": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "5ms"}}},
+    "time-slicing unknown field": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": {"slice": "Short"}}},
+    "time-slicing not an object": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "timeSlicingConfig": "Short"}},
+    "mps with time-slicing strategy": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "TimeSlicing", "mpsConfig": {}}},
+    "mps unknown field": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"threads": 50}}},
+    "percentage 0": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}},
+    "percentage 101": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}},
+    "percentage as string": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50"}}},
+    "percentage as float": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50.5}}},
+    "percentage as bool": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": True}}},
+    "limit not a quantity": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "20 GB"}}},
+    "limit below 1Mi": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "512Ki"}}},
+    "limit int below 1Mi": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1024}}},
+    "limit as bool": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": True}}},
+    "over 10 KiB": {"apiVersion": V, "kind": "GpuConfig", "env": {"BIG": "x" * 11000}},
+}
+
+
+def decoder_accepts(parameters) -> bool:
+    try:
+        opaque.decode(parameters)
+    except opaque.ConfigDecodeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def policy() -> dict:
+    policies = [p for p in by_kind(render(), "ValidatingAdmissionPolicy")
+                if p["metadata"]["name"].endswith("-opaque-config")]
+    (found,) = policies
+    return found
+
+
+def admitted(policy: dict, obj: dict) -> tuple[bool, str]:
+    """The policy's verdict on one object, as the API server evaluates it: the variables
+    in order, then every validation; a false one or a runtime error (failurePolicy Fail)
+    denies. The server's own validation of parameters (≤ 10 KiB) comes first."""
+    for config in _configs(obj):
+        if len(json.dumps(config.get("opaque", {}).get("parameters"), separators=(",", ":"))) > 10 * 1024:
+            return False, "parameters over 10 KiB (API server validation)"
+    env = celpy.Environment()
+    variables: dict = {}
+    activation = {"object": celpy.json_to_cel(obj)}
+
+    def run(expression: str):
+        program = env.program(env.compile(expression), functions=k8s_cel.FUNCTIONS)
+        result = program.evaluate({**activation, "variables": celpy.celtypes.MapType(variables)})
+        if isinstance(result, celpy.CELEvalError):
+            raise result
+        return result
+
+    spec = policy["spec"]
+    try:
+        for variable in spec["variables"]:
+            variables[celpy.celtypes.StringType(variable["name"])] = run(variable["expression"])
+        for validation in spec["validations"]:
+            result = run(validation["expression"])
+            if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+                return False, validation["message"]
+    except celpy.CELEvalError as err:
+        return False, f"runtime error: {err}"
+    return True, ""
+
+
+def _configs(obj: dict) -> list[dict]:
+    spec = obj["spec"]
+    if obj["kind"] == "DeviceClass":
+        return spec.get("config") or []
+    if obj["kind"] == "ResourceClaimTemplate":
+        spec = spec["spec"]
+    return spec.get("devices", {}).get("config") or []
+
+
+def wrap(kind: str, parameters, driver: str = DRIVER) -> dict:
+    config = [{"opaque": {"driver": driver, "parameters": parameters}}]
+    request = {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}
+    if kind == "DeviceClass":
+        return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": "c"},
+                "spec": {"selectors": [], "config": config}}
+    devices = {"requests": [request], "config": [{"requests": ["gpu"], **config[0]}]}
+    if kind == "ResourceClaimTemplate":
+        return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": "t", "namespace": "d"},
+                "spec": {"spec": {"devices": devices}}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": "r", "namespace": "d"},
+            "spec": {"devices": devices}}
+
+
+KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+CASES = [(name, p, True) for name, p in GOOD.items()] + [(name, p, False) for name, p in BAD.items()]
+
+
+@pytest.mark.parametrize("name, parameters, good", CASES, ids=[c[0] for c in CASES])
+def test_the_policy_and_the_decoder_agree(policy, name, parameters, good):
+    assert decoder_accepts(parameters) is good, "the table's own verdict"
+    for kind in KINDS:
+        verdict, why = admitted(policy, wrap(kind, parameters))
+        assert verdict is good, (kind, why)
+        if not good:
+            assert why.startswith("opaque config for accel.dra.io") or "10 KiB" in why, why
+
+
+def test_other_drivers_configs_and_claims_without_config_are_admitted(policy):
+    for kind in KINDS:
+        assert admitted(policy, wrap(kind, {"anything": ["goes"]}, driver="gpu.example.com"))[0]
+        bare = wrap(kind, {})
+        if kind == "DeviceClass":
+            del bare["spec"]["config"]
+        elif kind == "ResourceClaimTemplate":
+            del bare["spec"]["spec"]["devices"]["config"]
+        else:
+            del bare["spec"]["devices"]["config"]
+        assert admitted(policy, bare)[0], kind
+
+
+def test_the_examples_pass_the_policy(policy):
+    import yaml
+
+    from tests.conftest import REPO
+
+    for path in sorted((REPO / "examples").glob("*/claim.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] in KINDS:
+                assert admitted(policy, doc) == (True, ""), path
+
+
+def test_the_policy_renders_and_validates_strictly(policy):
+    (binding,) = [b for b in by_kind(render(), "ValidatingAdmissionPolicyBinding")
+                  if b["spec"]["policyName"] == policy["metadata"]["name"]]
+    for version in ("1.32.0", "1.34.0", "1.37.0"):
+        kubernetes_validate.validate(policy, version, strict=True)
+        kubernetes_validate.validate(binding, version, strict=True)
+    names = [p["metadata"]["name"] for p in
+             by_kind(render({"configPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy")]
+    assert names and not any(n.endswith("-opaque-config") for n in names)
