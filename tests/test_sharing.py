@@ -14,6 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
+from driver import quantity
 from driver.devices.mock.gpustate import GpuStateStore
 from driver.sim.apiserver import ApiServer, Fault, claim_allocated
 from driver.sim.kubelet import Claim
@@ -235,6 +236,26 @@ def test_the_daemon_outlives_the_driver_and_a_restart_adopts_it(node):
     assert node.runner.processes()[pod["metadata"]["name"]] == pid
     assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
     assert node.pods() == {}
+
+
+def test_each_share_has_its_own_status_entry(node):
+    first, second = share(GPU, "20Gi", "30"), share(GPU, "10Gi", "20")
+    claim = new_claim(node.api, "two-shares", [first, {**second, "request": "gpu2"}])
+    assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
+
+    def entries() -> dict:
+        with node.api.state.lock:
+            found = node.api.state.claims[("default", "two-shares")].get("status", {}).get("devices", [])
+        return {e.get("shareID"): e for e in found}
+
+    node.wait(lambda: len(entries()) == 2, what="two status entries")
+    for result in (first, second):
+        entry = entries()[result["shareID"]]
+        assert entry["device"] == GPU and entry["conditions"][0]["status"] == "True"
+        assert entry["data"]["consumedCapacity"] == {
+            k: quantity.canonical(v) for k, v in result["consumedCapacity"].items()}
+    assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    node.wait(lambda: entries() == {}, what="the entries to go")
 
 
 def test_a_deleted_daemon_pod_is_recreated_for_its_claims(node):
