@@ -20,8 +20,12 @@ SWEEP_MIN_AGE_SECONDS = 60.0
 TEMP_MARK = ".tmp-"
 
 
-def write(path: Path, data: bytes, mode: int = 0o644, owner: str | None = None) -> None:
-    """`owner`: the writing instance's token (default: this PID, for one-off tools)."""
+def write(path: Path, data: bytes, mode: int = 0o644, owner: str | None = None,
+          durable: bool = True) -> None:
+    """`owner`: the writing instance's token (default: this PID, for one-off tools).
+    `durable=False`: still all or nothing for readers, but no fsync, for files that are
+    rebuilt after a reboot anyway (a process crash loses nothing that is in the page
+    cache; only a power loss would, and then the rebuild follows)."""
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     # A dot name with no .json/.yaml suffix: CDI runtimes ignore it while it is incomplete.
@@ -31,12 +35,14 @@ def write(path: Path, data: bytes, mode: int = 0o644, owner: str | None = None) 
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def remove(path: Path) -> bool:

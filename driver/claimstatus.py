@@ -11,7 +11,8 @@ touched.
 Writes run on a thread of their own, off the prepare path: a prepare never waits for one
 and never fails because of one. A failed write is retried with backoff (0.5 s doubling to
 30 s, given up after 10 tries: the next prepare or unprepare of the claim writes again) and
-counted; a newer state of the claim replaces a pending one. Gone (404) and re-created
+counted; a newer state of the claim replaces a pending one, and the state last written is
+not written again (its condition keeps its lastTransitionTime). Gone (404) and re-created
 (409 on the UID) claims are dropped.
 
 RBAC: `patch` on `resourceclaims/status`; from Kubernetes 1.36 also
@@ -88,6 +89,9 @@ class StatusWriter:
     on_failure: Callable[[], None] = lambda: None  # a metric's inc
     clock: Callable[[], float] = time.monotonic
     _pending: dict[str, _Pending] = field(default_factory=dict)
+    # uid -> what was last written: the kubelet repeats prepares (after a restart, for
+    # every pod of a claim); the same state is not written again with a new timestamp.
+    _written: dict[str, list[DeviceStatus]] = field(default_factory=dict)
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
     _stopped: bool = False
@@ -100,6 +104,8 @@ class StatusWriter:
         """Make the claim's entries of this driver these (none: remove them). Returns at once."""
         with self._cv:
             if self._stopped:
+                return
+            if ref.uid not in self._pending and self._written.get(ref.uid) == list(devices):
                 return
             self._pending[ref.uid] = _Pending(ref, list(devices), 0, self.clock())
             if self._thread is None:
@@ -161,10 +167,12 @@ class StatusWriter:
                               body=json.dumps(body), content_type=APPLY)
         except NotFound:
             log.debug("claim_status_claim_gone")
+            self._remember(item.ref.uid, None)
             return
         except ApiError as err:
             if err.status == 409 and "UID" in str(err):
                 log.info("claim_status_claim_recreated", error=str(err))
+                self._remember(item.ref.uid, None)
                 return
             self.on_failure()
             item.attempt += 1
@@ -180,4 +188,12 @@ class StatusWriter:
                     self._pending[item.ref.uid] = item
                     self._cv.notify()
             return
+        self._remember(item.ref.uid, item.devices or None)
         log.debug("claim_status_written", devices=len(item.devices))
+
+    def _remember(self, uid: str, devices: list[DeviceStatus] | None) -> None:
+        with self._cv:
+            if devices is None:
+                self._written.pop(uid, None)
+            else:
+                self._written[uid] = devices

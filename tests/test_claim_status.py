@@ -71,6 +71,12 @@ def test_prepare_writes_ready_entries_and_unprepare_removes_them(env):
                                   "ips": ["10.100.0.2/24", "fd00::2/64"]}
     assert nic["data"]["ifName"] == "enp18s0f0"
     assert server.validate(api.state.claims[(claim.namespace, claim.name)], list(entries.values())) == []
+    # The kubelet repeats a prepare: the same state is not written again (the condition
+    # keeps its lastTransitionTime, the claim its resourceVersion).
+    version = api.state.claims[(claim.namespace, claim.name)]["metadata"]["resourceVersion"]
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    time.sleep(1.0)
+    assert api.state.claims[(claim.namespace, claim.name)]["metadata"]["resourceVersion"] == version
     assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
     wait(lambda: devices(api, claim) == [], "the entries to go")
 

@@ -14,8 +14,8 @@ one per supported version, newest first (one today): the claim's identity with a
 attributes as published in the ResourceSlice, and `networkData` for NICs.
 
 The files live in the state directory (`metadata/<claim UID>/`), a host path the runtime
-can bind-mount. They are written before the CDI spec that mounts them and removed after
-it, so a spec never points at a missing file; a crash in between leaves files that the
+can bind-mount. They are written (atomically, without fsync: see `write`) before the CDI
+spec that mounts them and removed after it, so a spec never points at a missing file; a crash in between leaves files that the
 retried prepare rewrites, the unprepare removes, or the sweep removes once no record and
 no spec names the claim.
 """
@@ -74,7 +74,10 @@ class MetadataFiles:
                 **({"podClaimName": pod_claim} if pod_claim else {}),
                 "requests": _requests(self.driver, entries),
             }
-            atomic.write(host, (json.dumps(body, indent=2) + "\n").encode(), owner=self.owner)
+            # Not fsynced: after a power loss the reboot rewrites it with the spec (which lives
+            # on tmpfs and is gone then); a process crash loses nothing in the page cache.
+            atomic.write(host, (json.dumps(body, indent=2) + "\n").encode(), owner=self.owner,
+                         durable=False)
             mounts[request] = cdi.Mount(str(host), container_path(ref, pod_claim, request, self.driver))
         return mounts
 
