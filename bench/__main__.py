@@ -57,6 +57,30 @@ class Table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
+def throughput(table: Table, api: ApiServer, kubelet: FakeKubelet, label: str = "") -> tuple[float, float]:
+    """256 distinct claims in one request, then 64 concurrent one-claim requests."""
+    batch = [new_claim(api) for _ in range(256)]
+    t = time.perf_counter()
+    response = kubelet.prepare(batch, timeout=120)
+    elapsed = time.perf_counter() - t
+    assert all(not e.error for e in response.claims.values()), response
+    batch_rate = 256 / elapsed
+    table.value(f"throughput: 256 claims in one request{label}", f"{batch_rate:.0f} claims/s",
+                f"{elapsed * 1000:.0f} ms")
+    kubelet.unprepare(batch, timeout=120)
+    singles = [new_claim(api) for _ in range(64)]
+    t = time.perf_counter()
+    with futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(lambda c: kubelet.prepare([c]).claims[c.uid].error, singles))
+    elapsed = time.perf_counter() - t
+    assert not any(results)
+    concurrent_rate = 64 / elapsed
+    table.value(f"throughput: 64 concurrent 1-claim requests{label}", f"{concurrent_rate:.0f} claims/s",
+                f"{elapsed * 1000:.0f} ms")
+    kubelet.unprepare(singles, timeout=120)
+    return batch_rate, concurrent_rate
+
+
 class Driver:
     def __init__(self, api: ApiServer, profile: str, extra: list[str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
@@ -300,22 +324,7 @@ def main() -> int:
         table.value("unprepare / floor (gRPC + 2 removes)", f"{u / unprep_floor:.2f}x")
 
         # -- throughput ---------------------------------------------------------------------------
-        batch = [new_claim(api) for _ in range(256)]
-        t = time.perf_counter()
-        response = kubelet.prepare(batch, timeout=120)
-        elapsed = time.perf_counter() - t
-        assert all(not e.error for e in response.claims.values()), response
-        table.value("throughput: 256 claims in one request", f"{256 / elapsed:.0f} claims/s", f"{elapsed * 1000:.0f} ms")
-        kubelet.unprepare(batch, timeout=120)
-        singles = [new_claim(api) for _ in range(64)]
-        t = time.perf_counter()
-        with futures.ThreadPoolExecutor(64) as pool:
-            results = list(pool.map(lambda c: kubelet.prepare([c]).claims[c.uid].error, singles))
-        elapsed = time.perf_counter() - t
-        assert not any(results)
-        table.value("throughput: 64 concurrent 1-claim requests", f"{64 / elapsed:.0f} claims/s", f"{elapsed * 1000:.0f} ms")
-        kubelet.unprepare(singles, timeout=120)
-
+        batch_rate, concurrent_rate = throughput(table, api, kubelet)
         # -- scaling with prepared claims -----------------------------------------------------------
         held = [new_claim(api) for _ in range(1000)]
         for i in range(0, 1000, 100):
@@ -336,6 +345,19 @@ def main() -> int:
         table.value(f"CPU during {args.idle_seconds:.0f} s idle", f"{driver.cpu_seconds() - cpu0:.2f} s")
         kubelet.close()
         driver.stop()
+
+        # -- the same without claim status writes (A/B in this run) ----------------------------
+        # Each prepare and unprepare also applies status.devices; on a node the API server
+        # is elsewhere, here the emulator serves those PATCHes on the same two cores.
+        quiet = Driver(api, "mixed", ["--claim-status", "false"])
+        quiet.start()
+        quiet_kubelet = quiet.kubelet()
+        wait(lambda: len(api.state.slices) == 3)
+        b, c = throughput(table, api, quiet_kubelet, " (no status writes)")
+        table.value("throughput: with / without status writes", f"{batch_rate / b:.2f}x",
+                    f"64 concurrent: {concurrent_rate / c:.2f}x")
+        quiet_kubelet.close()
+        quiet.stop()
 
     # -- GPU sharing: shares of consumable capacity under the GPU's MPS daemon ------------------
     bench_sharing(table, max(10, runs // 10), p)

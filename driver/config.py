@@ -119,6 +119,9 @@ OPTIONS: tuple[Option, ...] = (
            "SHARING_RECONCILE_INTERVAL", "30",
            "seconds between checks that shared GPUs are set up as their claims need (a dead "
            "MPS daemon is restarted, an orphan one stopped)"),
+    Option("claim_status", "--claim-status", "CLAIM_STATUS", "true",
+           "write each prepared claim's devices to its status.devices (true/false; needs patch "
+           "on resourceclaims/status, and from 1.36 associated-node:patch on resourceclaims/driver)"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -156,6 +159,7 @@ class Config:
     mps_image: str = ""
     mps_start_timeout: float = 60.0
     sharing_reconcile_interval: float = 30.0
+    claim_status: bool = True
 
     @property
     def plugin_dir(self) -> Path:
@@ -376,6 +380,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         mps_image=mps_image,
         mps_start_timeout=get("mps_start_timeout", _seconds),
         sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
+        claim_status=get("claim_status", _bool),
     )
     for label, source_name, candidates in (
         ("registration socket", source["kubelet_registrar_dir"],

@@ -142,7 +142,8 @@ class Plugin:
         mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory)
         instance.forget_dead()  # after the sweeps above, which need to know who died
         metrics = Metrics(config.driver_name)
-        status = StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
+        status = (StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
+                  if config.claim_status else None)
         preparer = Preparer(
             driver=config.driver_name,
             pool=config.node_name,

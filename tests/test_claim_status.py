@@ -207,3 +207,21 @@ def test_the_emulator_needs_apply_a_field_manager_and_the_right_uid():
     with pytest.raises(server.ApplyError) as raised:
         server.apply(claim, owners, {"status": {"devices": [_entry()]}}, DRIVER, False, server.APPLY_CONTENT_TYPE)
     assert raised.value.code == 409
+
+
+def test_claim_status_can_be_turned_off():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        driver = DriverProcess(api, dirs, extra=["--claim-status", "false"]).start()
+        kubelet = driver.kubelet()
+        try:
+            claim = new_claim(api, "quiet", [result("gpu", GPU)])
+            assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+            time.sleep(1.0)
+            assert devices(api, claim) == []
+            assert not any(a[2] == "resourceclaims/status" for a in api.state.access)
+        finally:
+            kubelet.close()
+            driver.kill()
+    dirs.cleanup()
