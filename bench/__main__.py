@@ -57,6 +57,10 @@ class Table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
+def pq_ratio(with_status: float, without: list[float]) -> str:
+    return f"with status writes: {with_status / statistics.median(without):.2f}x"
+
+
 def throughput(table: Table, api: ApiServer, kubelet: FakeKubelet, label: str = "") -> tuple[float, float]:
     """256 distinct claims in one request, then 64 concurrent one-claim requests."""
     batch = [new_claim(api) for _ in range(256)]
@@ -353,6 +357,18 @@ def main() -> int:
         quiet.start()
         quiet_kubelet = quiet.kubelet()
         wait(lambda: len(api.state.slices) == 3)
+        prep_q, unprep_q = [], []
+        for _ in range(runs):
+            claim = new_claim(api)
+            t = time.perf_counter()
+            assert quiet_kubelet.prepare([claim]).claims[claim.uid].error == ""
+            prep_q.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            quiet_kubelet.unprepare([claim])
+            unprep_q.append(time.perf_counter() - t)
+        pq = table.latency("prepare: 1 claim (no status writes)", prep_q, f"{pq_ratio(p, prep_q)}")
+        uq = table.latency("unprepare: 1 claim (no status writes)", unprep_q, f"{pq_ratio(u, unprep_q)}")
+        table.value("prepare / floor (no status writes)", f"{pq / floor:.2f}x", f"unprepare {uq / unprep_floor:.2f}x")
         b, c = throughput(table, api, quiet_kubelet, " (no status writes)")
         table.value("throughput: with / without status writes", f"{batch_rate / b:.2f}x",
                     f"64 concurrent: {concurrent_rate / c:.2f}x")

@@ -9,7 +9,8 @@ the write a precondition: a claim deleted and re-created under the same name is 
 touched.
 
 Writes run on a thread of their own, off the prepare path: a prepare never waits for one
-and never fails because of one. A failed write is retried with backoff (0.5 s doubling to
+and never fails because of one. A new state is written 0.2 s after it is known; a newer
+one within that time replaces it (a claim prepared and unprepared at once costs one write). A failed write is retried with backoff (0.5 s doubling to
 30 s, given up after 10 tries: the next prepare or unprepare of the claim writes again) and
 counted; a newer state of the claim replaces a pending one, and the state last written is
 not written again (its condition keeps its lastTransitionTime). Gone (404) and re-created
@@ -36,6 +37,9 @@ from driver.slices import API_GROUP
 
 APPLY = "application/apply-patch+yaml"
 FIRST_RETRY, MAX_RETRY, MAX_ATTEMPTS = 0.5, 30.0, 10
+# A new state waits this long before it is written: it then runs beside the next kubelet
+# calls rather than on their heels, and a claim unprepared within it is written once.
+DELAY = 0.2
 
 
 @dataclass(frozen=True)
@@ -105,9 +109,11 @@ class StatusWriter:
         with self._cv:
             if self._stopped:
                 return
-            if ref.uid not in self._pending and self._written.get(ref.uid) == list(devices):
+            pending = self._pending.get(ref.uid)
+            if pending is None and self._written.get(ref.uid) == list(devices):
                 return
-            self._pending[ref.uid] = _Pending(ref, list(devices), 0, self.clock())
+            due = pending.due if pending is not None and pending.attempt == 0 else self.clock() + DELAY
+            self._pending[ref.uid] = _Pending(ref, list(devices), 0, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
                 self._thread.start()

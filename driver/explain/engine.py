@@ -269,7 +269,9 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
     ledger = _ledger(world, devices, skip_uid)
     plan = requests(claim, spec)
     report = NodeReport(node, False, "")
-    options: list[list[tuple[Alternative, list[w.PoolDevice]]]] = []
+    by_key = {d.key: d for d in devices}
+    # Per request, per alternative: (alternative, the devices that fit it, its report).
+    options: list[list[tuple[Alternative, list[w.PoolDevice], AlternativeReport]]] = []
     for _, alternatives in plan:
         per_request = []
         for alt in alternatives:
@@ -280,8 +282,7 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
             selectors += [{"from": "request", "index": i, "expression": e} for i, e in enumerate(alt.selectors)]
             alt_report = AlternativeReport(alt.request, alt.device_class, selectors, alt.count, verdicts)
             report.alternatives.append(alt_report)
-            by_name = {d.key: d for d in devices}
-            fitting = [by_name[f"{v.driver}/{v.pool}/{v.device}"] for v in verdicts if v.code == FITS]
+            fitting = [by_key[f"{v.driver}/{v.pool}/{v.device}"] for v in verdicts if v.code == FITS]
             if alt.count is None:  # All: every device the selectors accept, and at least one
                 selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR)]
                 fitting = fitting if selected and len(fitting) == len(selected) else []
