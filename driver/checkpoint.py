@@ -8,13 +8,19 @@ hardware instead of trusting the record.
 Two driver instances share the directory during an upgrade and change it only under the
 cross-process prepare lock. Each keeps the records in memory (the exclusivity check needs
 every claim's devices) and re-reads them only when the other instance changed something:
-`.changes` holds "<instance token> <counter>" of the last change, rewritten on every
-change. It needs no fsync: after a crash every process starts by reading all records.
+`.changes` holds "<instance token> <nonce> <counter>" of the last change, rewritten on
+every change (the nonce is new in every process: a container restarted in the same pod
+keeps its token but starts counting again). It needs no fsync: after a crash every process
+starts by reading all records. Inside a process, claims are removed and written in
+parallel threads while another thread reads: the cache and its marker change together
+under one lock, or a record read just before its removal could outlive it in the cache.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import threading
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -97,6 +103,8 @@ class Checkpoint:
         atomic.sweep_temp_files(self.directory, instance.owner_state)
         self._changes = self.directory / ".changes"
         self._counter = 0
+        self._nonce = secrets.token_hex(4)
+        self._lock = threading.Lock()  # the cache and _seen change together
         self._seen: str | None = None  # the .changes content our cache reflects
         self._cache: dict[str, ClaimRecord] = {}
 
@@ -125,19 +133,21 @@ class Checkpoint:
         return removed
 
     # -- all records, for cross-claim checks (call under the cross-process lock) ---------
-    def records(self) -> Iterator[ClaimRecord]:
+    def records(self, fresh: bool = False) -> Iterator[ClaimRecord]:
         """Every readable record; unreadable ones are skipped (their claim's own prepare
-        quarantines them)."""
-        current = self._read_changes()
-        if current is None or current != self._seen:
-            self._cache = {}
-            for path in self.directory.glob("*.json"):
-                try:
-                    self._cache[path.stem] = ClaimRecord.from_json(path.read_bytes(), path)
-                except (OSError, CheckpointError):
-                    continue
-            self._seen = current
-        return iter(list(self._cache.values()))
+        quarantines them). `fresh` re-reads the directory whatever the marker says: the
+        periodic reconcile trusts the disk, not the cache."""
+        with self._lock:
+            current = self._read_changes()
+            if fresh or current is None or current != self._seen:
+                cache = {}
+                for path in self.directory.glob("*.json"):
+                    try:
+                        cache[path.stem] = ClaimRecord.from_json(path.read_bytes(), path)
+                    except (OSError, CheckpointError):
+                        continue
+                self._cache, self._seen = cache, current
+            return iter(list(self._cache.values()))
 
     def _read_changes(self) -> str | None:
         try:
@@ -146,18 +156,19 @@ class Checkpoint:
             return None
 
     def _changed(self, uid: str, record: ClaimRecord | None) -> None:
-        stale = self._read_changes() != self._seen
-        self._counter += 1
-        marker = f"{self.instance.token} {self._counter}"
-        self._changes.write_text(marker)
-        if stale:
-            self._seen = None  # someone else changed records too: re-read next time
-            return
-        if record is None:
-            self._cache.pop(uid, None)
-        else:
-            self._cache[uid] = record
-        self._seen = marker
+        with self._lock:
+            stale = self._read_changes() != self._seen
+            self._counter += 1
+            marker = f"{self.instance.token} {self._nonce} {self._counter}"
+            self._changes.write_text(marker)
+            if stale:
+                self._seen = None  # someone else changed records too: re-read next time
+                return
+            if record is None:
+                self._cache.pop(uid, None)
+            else:
+                self._cache[uid] = record
+            self._seen = marker
 
     def uids(self) -> list[str]:
         return sorted(p.stem for p in self.directory.glob("*.json"))

@@ -84,11 +84,13 @@ class Node:
     def mps_dir(self, device: str) -> Path:
         return self.dirs.state / "mps" / device
 
-    def wait(self, predicate, timeout: float = 20.0, what: str = "") -> None:
+    def wait(self, predicate, timeout: float = 20.0, what: str = "", seen=None) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; driver log:\n{self.driver.log()[-3000:]}")
+                found = f" (found {seen()})" if seen is not None else ""
+                raise AssertionError(f"timed out waiting for {what}{found}; driver log:\n"
+                                     f"{self.driver.log()[-3000:]}")
             time.sleep(0.05)
 
 
@@ -409,8 +411,13 @@ def _assert_sharing_matches(node: Node, prepared: dict[str, Claim]) -> None:
     assert set(records) == set(prepared)
     needed = {d["device"] for r in records.values() for d in r["devices"]}
     # Orphans are stopped by the periodic reconcile (1 s here).
-    node.wait(lambda: {p["metadata"]["labels"][f"{DRIVER}/device"] for p in node.pods().values()} == needed
-              and len(node.runner.processes()) == len(needed), what=f"daemons for exactly {needed}")
+    def daemons():
+        return {p["metadata"]["labels"][f"{DRIVER}/device"] for p in node.pods().values()}
+
+    node.wait(lambda: daemons() == needed and len(node.runner.processes()) == len(needed),
+              what=f"daemons for exactly {needed}",
+              seen=lambda: f"pods for {daemons()}, processes {node.runner.processes()}, device "
+                           f"states {sorted(p.stem for p in (node.dirs.state / 'devices').glob('*.json'))}")
     states = {p.stem for p in (node.dirs.state / "devices").glob("*.json")}
     assert states == needed
     for device in (GPU, GPU2):

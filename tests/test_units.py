@@ -283,6 +283,31 @@ def test_checkpoint_sees_records_the_other_instance_wrote(tmp_path):
     assert [r.uid for r in a.records()] == ["u2"]
 
 
+def test_checkpoint_marker_differs_after_a_container_restart_in_the_same_pod(tmp_path):
+    """A restarted container keeps its pod's token and counts changes from 0 again: its
+    first change must still look new to the other instance."""
+    instance = Instance.register(tmp_path, "pod-a")
+    a = Checkpoint(tmp_path, instance)
+    b = Checkpoint(tmp_path, Instance.register(tmp_path, "pod-b"))
+    device = PreparedDevice("r", "pool", "gpu-0", ("v/claim=x",))
+    a.put(ClaimRecord("u1", "ns", "one", State.PREPARE_COMPLETED, "boot", (device,)))
+    assert [r.uid for r in b.records()] == ["u1"]
+    restarted = Checkpoint(tmp_path, instance)  # same token, counter back at 0
+    restarted.remove("u1")
+    assert list(b.records()) == []
+
+
+def test_checkpoint_fresh_read_trusts_the_disk_over_the_cache(tmp_path):
+    checkpoint = Checkpoint(tmp_path, Instance.register(tmp_path, None))
+    device = PreparedDevice("r", "pool", "gpu-0", ("v/claim=x",))
+    checkpoint.put(ClaimRecord("u1", "ns", "one", State.PREPARE_COMPLETED, "boot", (device,)))
+    assert [r.uid for r in checkpoint.records()] == ["u1"]
+    (tmp_path / "claims" / "u1.json").unlink()  # behind the cache's back
+    assert [r.uid for r in checkpoint.records()] == ["u1"]
+    assert list(checkpoint.records(fresh=True)) == []
+    assert list(checkpoint.records()) == []
+
+
 def test_health_stream_resends_inside_the_kubelets_window():
     """1.34+ kubelets mark a device Unknown 30 s after its last update."""
     from driver.kubelet import health as stream

@@ -406,7 +406,8 @@ class Preparer:
         if self.sharing is None:
             return []
         with self._sharing_lock:
-            records = list(self.checkpoint.records())
+            # From the disk, not the cache: the safety net must not share a cache's mistake.
+            records = list(self.checkpoint.records(fresh=True))
             # Also partitions a crash left behind (prepared, then the claim record never
             # written; or unprepared before the destroy).
             return self.sharing.reconcile(records) + self._release_partitions(records)
