@@ -375,6 +375,19 @@ def main() -> int:
         quiet_kubelet.close()
         quiet.stop()
 
+        # -- the claim pool at Python's size for this host (A/B in this run) -------------------
+        # Before --claim-workers the pool was the default executor: min(32, CPUs + 4).
+        cpu_sized = min(32, (os.cpu_count() or 1) + 4)
+        narrow = Driver(api, "mixed", ["--claim-workers", str(cpu_sized)])
+        narrow.start()
+        narrow_kubelet = narrow.kubelet()
+        wait(lambda: len(api.state.slices) == 3)
+        b, c = throughput(table, api, narrow_kubelet, f" ({cpu_sized} claim workers)")
+        table.value(f"throughput: 32 / {cpu_sized} claim workers", f"{batch_rate / b:.2f}x",
+                    f"64 concurrent: {concurrent_rate / c:.2f}x")
+        narrow_kubelet.close()
+        narrow.stop()
+
     # -- GPU sharing: shares of consumable capacity under the GPU's MPS daemon ------------------
     bench_sharing(table, max(10, runs // 10), p)
     # -- dynamic MIG: publish 8 H100s' partitions, create one at each prepare -------------------

@@ -122,6 +122,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("claim_status", "--claim-status", "CLAIM_STATUS", "true",
            "write each prepared claim's devices to its status.devices (true/false; needs patch "
            "on resourceclaims/status, and from 1.36 associated-node:patch on resourceclaims/driver)"),
+    Option("claim_workers", "--claim-workers", "CLAIM_WORKERS", "32",
+           "threads that run claim operations (the API GET of each claim, its file writes): "
+           "claims of one request and of concurrent requests run in parallel up to this many"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -160,6 +163,7 @@ class Config:
     mps_start_timeout: float = 60.0
     sharing_reconcile_interval: float = 30.0
     claim_status: bool = True
+    claim_workers: int = 32
 
     @property
     def plugin_dir(self) -> Path:
@@ -234,6 +238,16 @@ def _port(value: str, source: str) -> int:
     if not 0 <= port <= 65535:
         raise ConfigError(f"{source}: {port} is not a port number (0-65535)")
     return port
+
+
+def _workers(value: str, source: str) -> int:
+    try:
+        workers = int(value)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {value!r} is not a number of threads") from err
+    if not 1 <= workers <= 256:
+        raise ConfigError(f"{source}: {workers} is outside 1..256 threads")
+    return workers
 
 
 def _seconds(value: str, source: str) -> float:
@@ -381,6 +395,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         mps_start_timeout=get("mps_start_timeout", _seconds),
         sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
         claim_status=get("claim_status", _bool),
+        claim_workers=get("claim_workers", _workers),
     )
     for label, source_name, candidates in (
         ("registration socket", source["kubelet_registrar_dir"],

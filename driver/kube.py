@@ -37,7 +37,7 @@ class ClientConfigError(Exception):
     """No usable API server configuration; the message says which file or why, with a hint."""
 
 
-def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
+def api_client(kubeconfig: Path | None, connections: int = 16) -> k8s.ApiClient:
     configuration = k8s.Configuration()
     if kubeconfig is not None:
         try:
@@ -54,8 +54,9 @@ def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
         except k8s_config.ConfigException as err:
             raise ClientConfigError(f"not in a cluster and no kubeconfig given ({err}); set "
                                     "--kubeconfig or $KUBECONFIG to run outside a cluster") from err
-    # Keep-alive connections, enough for concurrent prepares and the publisher.
-    configuration.connection_pool_maxsize = 16
+    # Keep-alive connections, enough for concurrent prepares and the publisher (more in
+    # flight than this would each open a connection and then close it again).
+    configuration.connection_pool_maxsize = connections
     configuration.retries = False
     return k8s.ApiClient(configuration)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -123,7 +124,7 @@ class Plugin:
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
-        kube = kube or Kube(api_client(config.kubeconfig))
+        kube = kube or Kube(api_client(config.kubeconfig, connections=config.claim_workers + 4))
         checkpoint = Checkpoint(config.state_dir, instance)
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 
@@ -357,6 +358,11 @@ async def serve(config: Config, kube: Kube | None = None) -> int:
     plugin = Plugin.create(config, kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Every claim operation runs in the default executor (asyncio.to_thread). Python sizes
+    # it from the host's CPU count (6 threads on 2 CPUs, 32 on big hosts), whatever the
+    # pod's CPU limit; the work is mostly waiting on the API server and the disk, so the
+    # size is ours to set, the same on every node.
+    loop.set_default_executor(ThreadPoolExecutor(config.claim_workers, thread_name_prefix="claims"))
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:

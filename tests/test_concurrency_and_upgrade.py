@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from driver.sim.apiserver import ApiServer
+import pytest
+
+from driver.sim.apiserver import ApiServer, Fault
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
 from tests.test_crash_safety import assert_consistent
 from tests.test_plugin_integration import GPU, GPU2, NIC, VF, new_claim, result, spec_files
@@ -167,4 +171,33 @@ def test_stale_socket_replaced_and_old_instance_leaves_new_socket_alone():
         assert kubelet.prepare([claim]).claims[claim.uid].error == ""
         kubelet.close()
         second.kill()
+    dirs.cleanup()
+
+
+@pytest.mark.parametrize("workers, at_least, at_most", [(None, 8, 8), ("2", 2, 2)])
+def test_claims_of_a_batch_run_in_the_configured_pool(workers, at_least, at_most):
+    """Each claim's GET is held 0.5 s by the API server: with the default pool all eight
+    claims of the batch wait together; --claim-workers 2 lets two through at a time."""
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        extra = ["--claim-workers", workers] if workers else []
+        driver = DriverProcess(api, dirs, profile="h100x8", extra=extra).start()
+        kubelet = driver.kubelet()
+        try:
+            deadline = time.monotonic() + 30
+            while not (gpus := sorted(d["name"] for s in api.slices() for d in s["spec"]["devices"]
+                                      if d["name"].startswith("gpu-"))):
+                assert time.monotonic() < deadline, "no GPUs published"
+                time.sleep(0.05)
+            assert len(gpus) == 8
+            claims = [new_claim(api, f"batch-{i}", [result("gpu", gpu)]) for i, gpu in enumerate(gpus)]
+            held = Fault("GET", r"/resourceclaims/batch-", status=0, delay=0.5, times=8)
+            api.inject(held)
+            reply = kubelet.prepare(claims, timeout=60)
+            assert all(not reply.claims[c.uid].error for c in claims), reply
+            assert held.times == 0 and at_least <= held.peak <= at_most, f"{held.peak} GETs at once"
+        finally:
+            kubelet.close()
+            driver.kill()
     dirs.cleanup()

@@ -27,11 +27,14 @@ def test_defaults():
     assert config.sysfs_root == Path("/sys") and config.dev_root == Path("/dev")
     assert config.mock is None and config.metrics_port == 9400
     assert config.nic_filter.exclude_default_route is True
+    assert config.claim_workers == 32  # not the host's CPU count: the same on every node
 
 
 def test_flags_beat_env_beat_defaults():
-    env = {"NODE_NAME": "from-env", "DRIVER_NAME": "gpu.example.com", "METRICS_PORT": "8080"}
+    env = {"NODE_NAME": "from-env", "DRIVER_NAME": "gpu.example.com", "METRICS_PORT": "8080",
+           "CLAIM_WORKERS": "8"}
     config = parse(["--node-name", "from-flag"], env)
+    assert config.claim_workers == 8
     assert config.node_name == "from-flag"
     assert config.driver_name == "gpu.example.com"
     assert config.metrics_port == 8080
@@ -100,6 +103,8 @@ def test_nic_filters_parsed():
     (["--driver-name", "1accel.example.com"], "is also the CDI vendor name, which must start with a letter"),
     (["--metrics-port", "9401"], "--metrics-port and --healthz-port default: both are 9401"),
     (["--registration-timeout", "0"], "--registration-timeout: 0.0 is outside"),
+    (["--claim-workers", "0"], "--claim-workers: 0 is outside 1..256 threads"),
+    (["--claim-workers", "many"], "--claim-workers: 'many' is not a number of threads"),
 ])
 def test_invalid_values_are_named(argv, fragment):
     argv = ["--node-name", "n", *argv] if "--node-name" not in argv else argv

@@ -36,6 +36,9 @@ class Fault:
     status: int = 500  # 0: no status, just a delay (timeout)
     delay: float = 0.0
     times: int = 1
+    # Requests inside this fault's delay now, and the most at once (how parallel a client is).
+    held: int = 0
+    peak: int = 0
 
 
 @dataclass
@@ -234,11 +237,17 @@ class _Handler(BaseHTTPRequestHandler):
             for fault in self.state.faults:
                 if fault.times > 0 and fault.method in (method, "*") and re.search(fault.path, path):
                     fault.times -= 1
+                    fault.held += 1
+                    fault.peak = max(fault.peak, fault.held)
                     break
             else:
                 return False
-        if fault.delay:
-            time.sleep(fault.delay)
+        try:
+            if fault.delay:
+                time.sleep(fault.delay)
+        finally:
+            with self.state.lock:
+                fault.held -= 1
         if fault.status:
             self._status(fault.status, f"injected fault {fault.status}")
             return True
