@@ -142,9 +142,8 @@ def run_plugin(config: Config) -> int:
     from driver.plugin import StartupError, serve
 
     try:
-        # Before anything logs: a bad file is one line. A connection for each claim worker,
-        # and some for the publisher's watch, the status writer and MPS daemon pods.
-        kube = Kube(api_client(config.kubeconfig, connections=config.claim_workers + 4))
+        # Before anything logs: a bad file is one line.
+        kube = Kube(api_client(config.kubeconfig, connections=config.api_connections))
     except ClientConfigError as err:
         return usage_error(str(err))
     try:

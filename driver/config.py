@@ -166,6 +166,12 @@ class Config:
     claim_workers: int = 32
 
     @property
+    def api_connections(self) -> int:
+        """Keep-alive API connections: one per claim worker, and some for the publisher's
+        watch, the status writer and MPS daemon pods."""
+        return self.claim_workers + 4
+
+    @property
     def plugin_dir(self) -> Path:
         return self.kubelet_plugins_dir / self.driver_name
 
@@ -240,24 +246,23 @@ def _port(value: str, source: str) -> int:
     return port
 
 
-def _workers(value: str, source: str) -> int:
+def _bounded(value: str, source: str, convert: type, low: int, high: int, unit: str):
+    """A number of `unit` in low..high; the message names the option and the unit."""
     try:
-        workers = int(value)
+        number = convert(value)
     except ValueError as err:
-        raise ConfigError(f"{source}: {value!r} is not a number of threads") from err
-    if not 1 <= workers <= 256:
-        raise ConfigError(f"{source}: {workers} is outside 1..256 threads")
-    return workers
+        raise ConfigError(f"{source}: {value!r} is not a number of {unit}") from err
+    if not low <= number <= high:
+        raise ConfigError(f"{source}: {number} is outside {low}..{high} {unit}")
+    return number
+
+
+def _workers(value: str, source: str) -> int:
+    return _bounded(value, source, int, 1, 256, "threads")
 
 
 def _seconds(value: str, source: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError as err:
-        raise ConfigError(f"{source}: {value!r} is not a number of seconds") from err
-    if not 1 <= seconds <= 86400:
-        raise ConfigError(f"{source}: {seconds} is outside 1..86400 seconds")
-    return seconds
+    return _bounded(value, source, float, 1, 86400, "seconds")
 
 
 def _xids(value: str, source: str) -> frozenset[int]:

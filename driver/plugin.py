@@ -124,7 +124,7 @@ class Plugin:
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
-        kube = kube or Kube(api_client(config.kubeconfig, connections=config.claim_workers + 4))
+        kube = kube or Kube(api_client(config.kubeconfig, connections=config.api_connections))
         checkpoint = Checkpoint(config.state_dir, instance)
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 

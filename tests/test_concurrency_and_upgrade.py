@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from driver.sim.apiserver import ApiServer, Fault
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
+from tests.test_claim_status import wait
 from tests.test_crash_safety import assert_consistent
 from tests.test_plugin_integration import GPU, GPU2, NIC, VF, new_claim, result, spec_files
 
@@ -185,11 +184,8 @@ def test_claims_of_a_batch_run_in_the_configured_pool(workers, at_least, at_most
         driver = DriverProcess(api, dirs, profile="h100x8", extra=extra).start()
         kubelet = driver.kubelet()
         try:
-            deadline = time.monotonic() + 30
-            while not (gpus := sorted(d["name"] for s in api.slices() for d in s["spec"]["devices"]
-                                      if d["name"].startswith("gpu-"))):
-                assert time.monotonic() < deadline, "no GPUs published"
-                time.sleep(0.05)
+            gpus = wait(lambda: sorted(d["name"] for s in api.slices() for d in s["spec"]["devices"]
+                                       if d["name"].startswith("gpu-")), "GPUs published", 30)
             assert len(gpus) == 8
             claims = [new_claim(api, f"batch-{i}", [result("gpu", gpu)]) for i, gpu in enumerate(gpus)]
             held = Fault("GET", r"/resourceclaims/batch-", status=0, delay=0.5, times=8)
