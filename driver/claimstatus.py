@@ -8,6 +8,10 @@ are; an apply with no entries removes ours (unprepare). `metadata.uid` in the bo
 the write a precondition: a claim deleted and re-created under the same name is not
 touched.
 
+An `Idle` condition (driver/utilization/) joins an entry while its device sits idle: the
+utilization monitor sets it with `set_idle`, and it stays on every state written for that
+device until cleared. Ready keeps its lastTransitionTime when only Idle changes.
+
 Writes run on a thread of their own, off the prepare path: a prepare never waits for one
 and never fails because of one. A new state is written 0.2 s after it is known; a newer
 one within that time replaces it (a claim prepared and unprepared at once costs one write). A failed write is retried with backoff (0.5 s doubling to
@@ -22,6 +26,7 @@ RBAC: `patch` on `resourceclaims/status`; from Kubernetes 1.36 also
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -52,6 +57,10 @@ class DeviceStatus:
     message: str = ""
     data: dict | None = None
     network: dict | None = None  # networkData: interfaceName, ips, hardwareAddress
+    idle: tuple[str, str] | None = None  # (message, since): the Idle condition, if any
+
+
+IDLE, IDLE_REASON = "Idle", "DeviceIdle"
 
 
 def now() -> str:
@@ -65,6 +74,10 @@ def entry(driver: str, status: DeviceStatus, when: str) -> dict:
     body["conditions"] = [{"type": "Ready", "status": "True" if status.ready else "False",
                            "reason": status.reason, "message": status.message[:32768],
                            "lastTransitionTime": when}]
+    if status.idle is not None:
+        body["conditions"].append({"type": IDLE, "status": "True", "reason": IDLE_REASON,
+                                   "message": status.idle[0][:32768],
+                                   "lastTransitionTime": status.idle[1]})
     if status.data:
         body["data"] = status.data
     if status.network:
@@ -72,10 +85,37 @@ def entry(driver: str, status: DeviceStatus, when: str) -> dict:
     return body
 
 
-def apply_body(ref: ClaimRef, driver: str, devices: list[DeviceStatus], version: str, when: str) -> dict:
+def apply_body(ref: ClaimRef, driver: str, devices: list[DeviceStatus], version: str,
+               when: str | Callable[[DeviceStatus], str]) -> dict:
+    """`when`: the Ready condition's lastTransitionTime, or a function of the entry."""
+    at = when if callable(when) else (lambda _: when)
     return {"apiVersion": f"{API_GROUP}/{version}", "kind": "ResourceClaim",
             "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": [entry(driver, d, when) for d in devices]}}
+            "status": {"devices": [entry(driver, d, at(d)) for d in devices]}}
+
+
+def _key(status: DeviceStatus) -> tuple[str, str, str | None]:
+    return status.pool, status.device, status.share_id
+
+
+def ours(claim: dict, driver: str) -> tuple[list[DeviceStatus], dict]:
+    """This driver's entries of a claim as the server has them, and when each entry's
+    Ready condition last changed: {key: (ready, reason, time)}."""
+    found, times = [], {}
+    for item in ((claim.get("status") or {}).get("devices") or []):
+        if item.get("driver") != driver:
+            continue
+        conditions = {c.get("type"): c for c in item.get("conditions") or []}
+        ready = conditions.get("Ready") or {}
+        idle = conditions.get(IDLE)
+        status = DeviceStatus(item.get("pool", ""), item.get("device", ""), item.get("shareID"),
+                              ready.get("status") == "True", ready.get("reason", ""),
+                              ready.get("message", ""), item.get("data"), item.get("networkData"),
+                              (idle.get("message", ""), idle.get("lastTransitionTime", ""))
+                              if idle and idle.get("status") == "True" else None)
+        found.append(status)
+        times[_key(status)] = (status.ready, status.reason, ready.get("lastTransitionTime") or now())
+    return found, times
 
 
 @dataclass
@@ -96,6 +136,10 @@ class StatusWriter:
     # uid -> what was last written: the kubelet repeats prepares (after a restart, for
     # every pod of a claim); the same state is not written again with a new timestamp.
     _written: dict[str, list[DeviceStatus]] = field(default_factory=dict)
+    # uid -> (pool, device, share) -> (message, since): Idle conditions to carry
+    _idle: dict[str, dict[tuple, tuple[str, str]]] = field(default_factory=dict)
+    # uid -> (pool, device, share) -> (ready, reason, time): Ready's lastTransitionTime
+    _times: dict[str, dict[tuple, tuple[bool, str, str]]] = field(default_factory=dict)
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
     _stopped: bool = False
@@ -109,6 +153,10 @@ class StatusWriter:
         with self._cv:
             if self._stopped:
                 return
+            if not devices:
+                self._idle.pop(ref.uid, None)
+            overlay = self._idle.get(ref.uid, {})
+            devices = [dataclasses.replace(d, idle=overlay.get(_key(d))) for d in devices]
             pending = self._pending.get(ref.uid)
             if pending is None and self._written.get(ref.uid) == list(devices):
                 return
@@ -118,6 +166,50 @@ class StatusWriter:
                 self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
                 self._thread.start()
             self._cv.notify()
+
+    def set_idle(self, ref: ClaimRef, pool: str, device: str, share_id: str | None,
+                 idle: tuple[str, str] | None) -> None:
+        """Add (message, since) or remove (None) the Idle condition of one entry. A claim
+        this process has not written yet (prepared before a restart) is read back from the
+        server first: the entries are re-applied whole, Ready as it is there."""
+        key = (pool, device, share_id)
+        with self._cv:
+            overlay = self._idle.setdefault(ref.uid, {})
+            if idle is None:
+                if overlay.pop(key, None) is None:
+                    return
+            elif overlay.get(key) == idle:
+                return
+            else:
+                overlay[key] = idle
+            pending = self._pending.get(ref.uid)
+            base = pending.devices if pending is not None else self._written.get(ref.uid)
+        if base is None:
+            if idle is None:
+                return
+            base = self._read_back(ref)
+            if not base:
+                with self._cv:
+                    self._idle.pop(ref.uid, None)
+                return
+        self.publish(ref, base)
+
+    def _read_back(self, ref: ClaimRef) -> list[DeviceStatus]:
+        try:
+            version = self.kube.resource_version()
+            claim = self.kube.request("GET", f"/apis/{API_GROUP}/{version}/namespaces/"
+                                             f"{ref.namespace}/resourceclaims/{ref.name}")
+        except ApiError as err:
+            self.log.info("claim_status_read_failed", claim_uid=ref.uid, error=str(err))
+            return []
+        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+            return []
+        found, times = ours(claim, self.driver)
+        with self._cv:
+            if found and ref.uid not in self._written:
+                self._written[ref.uid] = found
+                self._times[ref.uid] = times
+        return found
 
     def wait_idle(self, timeout: float) -> bool:
         """Tests and shutdown: True once nothing is pending or being written."""
@@ -168,7 +260,14 @@ class StatusWriter:
             version = self.kube.resource_version()
             path = (f"/apis/{API_GROUP}/{version}/namespaces/{item.ref.namespace}/resourceclaims/"
                     f"{item.ref.name}/status")
-            body = apply_body(item.ref, self.driver, item.devices, version, now())
+            stamp = now()
+            times = self._times.get(item.ref.uid, {})
+
+            def ready_since(d: DeviceStatus) -> str:
+                known = times.get(_key(d))
+                return known[2] if known and known[:2] == (d.ready, d.reason) else stamp
+
+            body = apply_body(item.ref, self.driver, item.devices, version, ready_since)
             self.kube.request("PATCH", path, query={"fieldManager": self.driver, "force": "true"},
                               body=json.dumps(body), content_type=APPLY)
         except NotFound:
@@ -194,12 +293,15 @@ class StatusWriter:
                     self._pending[item.ref.uid] = item
                     self._cv.notify()
             return
-        self._remember(item.ref.uid, item.devices or None)
+        self._remember(item.ref.uid, item.devices or None,
+                       {_key(d): (d.ready, d.reason, ready_since(d)) for d in item.devices})
         log.debug("claim_status_written", devices=len(item.devices))
 
-    def _remember(self, uid: str, devices: list[DeviceStatus] | None) -> None:
+    def _remember(self, uid: str, devices: list[DeviceStatus] | None, times: dict | None = None) -> None:
         with self._cv:
             if devices is None:
                 self._written.pop(uid, None)
+                self._times.pop(uid, None)
             else:
                 self._written[uid] = devices
+                self._times[uid] = times or {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from driver import __version__, logs, preflight, report, slices
-from driver.config import CLEANUP, DISCOVER, RUN, ConfigError, Config, add_arguments, build
+from driver.config import CLEANUP, DISCOVER, RUN, STATUS, ConfigError, Config, add_arguments, build
 from driver.devices.discovery import discover, log_result
 from driver.node import open_node
 
@@ -50,6 +50,14 @@ def parser() -> argparse.ArgumentParser:
                       help="table: one line per device, and what is not published and why; "
                            "yaml/json: the complete resource.k8s.io/v1 ResourceSlices (default: table)")
     add_arguments(disc, DISCOVER)
+    status = commands.add_parser(STATUS, help="this node's devices: health, claim, utilization, idle time",
+                                 description="Show every device of this node with its health, the claims "
+                                             "that hold it, its utilization, memory and power, and how "
+                                             "long it has been idle. Reads the driver's state directory "
+                                             "and NVML/sysfs; needs no API server.")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table, or json: one object per device and claim (default: table)")
+    add_arguments(status, STATUS)
     clean = commands.add_parser(CLEANUP, help="delete this node's ResourceSlices on purpose",
                                 description="Delete this node's ResourceSlices of this driver (a normal "
                                             "shutdown keeps them for the next instance).")
@@ -132,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_plugin(config)
     if args.command == CLEANUP:
         return run_cleanup(config)
+    if args.command == STATUS:
+        from driver.utilization import nodeview
+
+        return nodeview.main(config, args.output)
     raise AssertionError(args.command)
 
 

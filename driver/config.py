@@ -27,9 +27,10 @@ class ConfigError(ValueError):
     """Bad configuration: the message names the flag / variable and what is wrong."""
 
 
-RUN, DISCOVER, CLEANUP = "run", "discover", "cleanup"
-ALL = frozenset({RUN, DISCOVER, CLEANUP})
-NODE = frozenset({RUN, DISCOVER})  # what reads the node's devices
+RUN, DISCOVER, CLEANUP, STATUS = "run", "discover", "cleanup", "status"
+ALL = frozenset({RUN, DISCOVER, CLEANUP, STATUS})
+NODE = frozenset({RUN, DISCOVER, STATUS})  # what reads the node's devices
+STATE = frozenset({RUN, STATUS})  # what reads the state directory
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("kubelet_registrar_dir", "--kubelet-registrar-dir", "KUBELET_REGISTRAR_DIR",
            "/var/lib/kubelet/plugins_registry", "directory the kubelet watches for plugins"),
     Option("kubelet_plugins_dir", "--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR",
-           "/var/lib/kubelet/plugins", "directory for the DRA service socket"),
+           "/var/lib/kubelet/plugins", "directory for the DRA service socket", commands=STATE),
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", "where CDI specs are written"),
     Option("state_dir", "--state-dir", "STATE_DIR", None,
-           "checkpoint and lock directory (default: <kubelet-plugins-dir>/<driver-name>)"),
+           "checkpoint and lock directory (default: <kubelet-plugins-dir>/<driver-name>)",
+           commands=STATE),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", None, "what stands for /sys (default /sys)",
            commands=NODE),
     Option("dev_root", "--dev-root", "DEV_ROOT", None, "what stands for /dev (default /dev)"),
@@ -125,6 +127,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("claim_workers", "--claim-workers", "CLAIM_WORKERS", "32",
            "threads that run claim operations (the API GET of each claim, its file writes): "
            "claims of one request and of concurrent requests run in parallel up to this many"),
+    Option("utilization_interval", "--utilization-interval", "UTILIZATION_INTERVAL", "10",
+           "seconds between utilization samples of every device (metrics, idle detection); "
+           "0 turns sampling off"),
+    Option("idle_after", "--idle-after", "IDLE_AFTER", "1800",
+           "seconds an allocated GPU or MIG device must stay idle before its claim gets an "
+           "Event and an Idle condition; 0: never"),
+    Option("idle_threshold", "--idle-threshold", "IDLE_THRESHOLD", "5",
+           "SM utilization, in percent, below which a GPU counts as idle (every NVML sample "
+           "since the previous one must be below it)", commands=STATE),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -164,6 +175,9 @@ class Config:
     sharing_reconcile_interval: float = 30.0
     claim_status: bool = True
     claim_workers: int = 32
+    utilization_interval: float = 10.0  # 0: off
+    idle_after: float = 1800.0  # 0: off
+    idle_threshold: float = 0.05  # a ratio
 
     @property
     def api_connections(self) -> int:
@@ -263,6 +277,20 @@ def _workers(value: str, source: str) -> int:
 
 def _seconds(value: str, source: str) -> float:
     return _bounded(value, source, float, 1, 86400, "seconds")
+
+
+def _seconds_or_off(value: str, source: str) -> float:
+    """0 (off), or seconds as _seconds takes them."""
+    try:
+        if float(value) == 0:
+            return 0.0
+    except ValueError:
+        pass
+    return _seconds(value, source)
+
+
+def _percent(value: str, source: str) -> float:
+    return _bounded(value, source, float, 0, 100, "percent") / 100.0
 
 
 def _xids(value: str, source: str) -> frozenset[int]:
@@ -401,6 +429,9 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
         claim_status=get("claim_status", _bool),
         claim_workers=get("claim_workers", _workers),
+        utilization_interval=get("utilization_interval", _seconds_or_off),
+        idle_after=get("idle_after", _seconds_or_off),
+        idle_threshold=get("idle_threshold", _percent),
     )
     for label, source_name, candidates in (
         ("registration socket", source["kubelet_registrar_dir"],

@@ -88,6 +88,13 @@ class HealthState:
         with self._lock:
             return dict(self._conditions.get(device, {}))
 
+    def snapshot(self) -> dict[str, list[dict]]:
+        """Every condition, for the state directory (`dra-driver status`)."""
+        with self._lock:
+            return {device: [{"reason": c.reason, "value": c.value, "message": c.message,
+                              "since": c.since} for c in sorted(found.values(), key=lambda c: c.reason)]
+                    for device, found in sorted(self._conditions.items())}
+
     def healthy(self, device: str) -> bool:
         return not self.conditions(device)
 

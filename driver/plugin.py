@@ -51,6 +51,11 @@ from driver.prepare.sharing import DeviceSharing
 from driver.prepare.status import host_addresses
 from driver.probes import HttpEndpoint, Probes
 from driver.publisher import Publisher
+from driver.utilization import nodeview
+from driver.utilization.events import EventRecorder
+from driver.utilization.idle import IdleTracker
+from driver.utilization.monitor import UtilizationMonitor
+from driver.utilization.sampler import Sampler
 
 GRACE_SECONDS = 5.0
 REGISTRATION_BACKOFF_CAP = 300.0
@@ -94,6 +99,7 @@ class Plugin:
     metrics: Metrics
     probes: Probes
     instance: Instance
+    utilization: UtilizationMonitor | None = None
     xid: XidWatcher | None = None
     uevents: UeventMonitor | None = None
     endpoints: list[HttpEndpoint] = field(default_factory=list)
@@ -165,6 +171,8 @@ class Plugin:
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
         health = HealthState(config.driver_name, inventory)
+        # For `dra-driver status`, which runs beside us without the API server.
+        health.subscribe(lambda: nodeview.write_health(config.state_dir, instance.token, health))
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,
                               newer_instance=instance.newer_peer, sharing=config.gpu_sharing)
@@ -208,8 +216,20 @@ class Plugin:
 
         xid = (XidWatcher(node.nvml, health, config.ignored_xids, partitions)
                if node.nvml is not None else None)
+        utilization = None
+        if config.utilization_interval:
+            def leader() -> bool:  # during an upgrade the newest instance reports
+                return instance.newer_peer() is None
+
+            tracker = IdleTracker(config.state_dir, instance.token, config.idle_threshold,
+                                  config.idle_after, leader)
+            utilization = UtilizationMonitor(
+                Sampler(node.nvml, node.sysfs, inventory), tracker, checkpoint.records,
+                config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
+                status, leader)
+            metrics.watch_utilization(lambda: utilization.views)
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
-                   health, prober, metrics, Probes(ready), instance, xid)
+                   health, prober, metrics, Probes(ready), instance, utilization, xid)
 
     async def start(self) -> None:
         # Publishing, rediscovery and health run beside the servers: an unreachable API
@@ -221,6 +241,9 @@ class Plugin:
             asyncio.create_task(self.probes.heartbeat(), name="heartbeat"),
             asyncio.create_task(self._sharing_loop(), name="sharing"),
         ]
+        if self.utilization is not None:
+            self._tasks.append(asyncio.create_task(
+                self.utilization.run(self.config.utilization_interval), name="utilization"))
         if self.xid is not None:
             self.xid.start()
         if self.config.mock is None:

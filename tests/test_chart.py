@@ -273,6 +273,11 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
         writer.publish(ClaimRef("default", "c", uid), [])
         assert writer.wait_idle(10)
         writer.close()
+        # An idle claim's Event (driver/utilization/).
+        from driver.utilization.events import ClaimEvent, EventRecorder
+
+        EventRecorder(kube, DRIVER, "node-a").post(ClaimEvent("default", "c", uid, "DeviceIdle",
+                                                              "Idle", "idle"))
         assert cli.main(["cleanup", "--node-name", "node-a", "--kubeconfig", str(api.kubeconfig(tmp_path))]) == 0
         cluster_wide = set(api.state.access)
         # MPS control daemons: started, found, stopped, in the driver's namespace only.

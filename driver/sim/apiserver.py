@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from driver import quantity
-from driver.sim import claimstatus
+from driver.sim import claimstatus, events
 from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
@@ -54,6 +54,7 @@ class State:
     objects: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     # (namespace, claim) -> status.devices entry key -> field managers (server-side apply)
     status_owners: dict[tuple[str, str], dict[tuple, set[str]]] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)  # events.k8s.io/v1, as created
     # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
     # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
     pod_nodes: set[str] = field(default_factory=set)
@@ -202,6 +203,7 @@ _NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 _READS = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1|v1alpha3)/(?:namespaces/([^/]+)/)?"
                     r"(deviceclasses|resourceclaimtemplates|resourceclaims|devicetaintrules)(?:/([^/]+))?$")
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
+_EVENTS = re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events$")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -288,6 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
         if m := _PODS.match(url.path):
             return self._pods(method, m.group(1), m.group(2), query, body)
+        if m := _EVENTS.match(url.path):
+            return self._events(method, m.group(1), body)
         if m := _CLAIM_STATUS.match(url.path):
             return self._claim_status(method, *m.groups(), query, body)
         if m := _CLAIM.match(url.path):
@@ -367,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET":
                 verb = "get" if m.group(2) else "list"
             access = (verb, "", "pods")
+        elif _EVENTS.match(path):
+            access = ({"POST": "create", "GET": "list"}.get(method, method.lower()), "events.k8s.io", "events")
         elif _CLAIM_STATUS.match(path):
             access = (method.lower(), GROUP, "resourceclaims/status")
             if self.state.server_version >= (1, 36) and self.state.gates.get(
@@ -392,6 +398,31 @@ class _Handler(BaseHTTPRequestHandler):
             return  # discovery: non-resource URLs every authenticated user may read
         with self.state.lock:
             self.state.access.add(access)
+
+    # -- events ------------------------------------------------------------------------------
+    def _events(self, method: str, namespace: str, body) -> None:
+        if method == "GET":
+            with self.state.lock:
+                items = [e for e in self.state.events if e["metadata"]["namespace"] == namespace]
+            return self._send(200, {"kind": "EventList", "apiVersion": "events.k8s.io/v1",
+                                    "items": copy.deepcopy(items)})
+        if method != "POST":
+            return self._status(405, f"{method} on events is not emulated", "MethodNotAllowed")
+        problems = events.errors(body, namespace)
+        if problems:
+            return self._status(422, "Event.events.k8s.io is invalid: " + "; ".join(problems), "Invalid")
+        with self.state.lock:
+            if any(e["metadata"]["name"] == body["metadata"]["name"]
+                   and e["metadata"]["namespace"] == namespace for e in self.state.events):
+                return self._status(409, f"events {body['metadata']['name']!r} already exists",
+                                    "AlreadyExists")
+            stored = copy.deepcopy(body)
+            stored["metadata"]["namespace"] = namespace
+            self.state.resource_version += 1
+            stored["metadata"]["resourceVersion"] = str(self.state.resource_version)
+            stored["metadata"]["uid"] = str(uuid.uuid4())
+            self.state.events.append(stored)
+        return self._send(201, stored)
 
     # -- pods --------------------------------------------------------------------------------
     def _pods(self, method: str, namespace: str, name: str | None, query: dict, body) -> None:

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from driver.devices.mock.fakemig import MigManagement
+from driver.devices.mock.gpuload import GpuLoadStore, MemoryGpuLoadStore, now_us
 from driver.devices.mock.gpustate import GpuStateStore, MemoryGpuStateStore
 from driver.devices.mock.model import FakeGpu, FakeMig
 from driver.devices.mock.model import Return as _Return
@@ -63,6 +64,7 @@ SINCE = {
     "nvmlDeviceGetGpuInstanceProfileInfo": 450,
     "nvmlGpuInstanceGetComputeInstanceProfileInfo": 450,
     "nvmlDeviceGetGpuInstanceProfileInfoV": 510,
+    "nvmlDeviceGetComputeRunningProcesses_v3": 510,
     "nvmlGpuInstanceGetComputeInstanceProfileInfoV": 510,
 }
 
@@ -95,11 +97,14 @@ class FakeNvmlLibrary(MigManagement):
     """What nvidia-ml-py finds where it expects `libnvidia-ml.so.1`."""
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str | None, cuda: int,
-                 nv: ModuleType, state: GpuStateStore | None = None) -> None:
+                 nv: ModuleType, state: GpuStateStore | None = None,
+                 loads: GpuLoadStore | None = None) -> None:
         self.gpus = gpus
         # Settings a GPU keeps across processes (compute mode, MIG instances); shared with
         # the fake nvidia-smi. Without a mock root, kept in memory.
         self.state = state if state is not None else MemoryGpuStateStore()
+        # What each GPU and MIG device is doing (driver/devices/mock/gpuload.py).
+        self.loads = loads if loads is not None else MemoryGpuLoadStore()
         self.driver_version = driver_version  # None: no driver installed (init fails)
         self.cuda = cuda
         self.nv = nv
@@ -307,8 +312,8 @@ class FakeNvmlLibrary(MigManagement):
         gpu, mig = self._resolve(handle)
         memory = self.nv.c_nvmlMemory_t.from_address(out)
         memory.total = mig.memory_bytes if mig else gpu.memory_bytes
-        memory.used = 0
-        memory.free = memory.total
+        memory.used = self._memory_used(gpu, mig)
+        memory.free = memory.total - memory.used
 
     @_export(c_void_p, c_void_p)
     def _nvmlDeviceGetMemoryInfo_v2(self, handle: int, out: int) -> None:
@@ -318,8 +323,8 @@ class FakeNvmlLibrary(MigManagement):
             raise self._fail("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
         memory.total = mig.memory_bytes if mig else gpu.memory_bytes
         memory.reserved = 0
-        memory.used = 0
-        memory.free = memory.total
+        memory.used = self._memory_used(gpu, mig)
+        memory.free = memory.total - memory.used
 
     @_export(c_void_p, c_void_p)
     def _nvmlDeviceGetMinorNumber(self, handle: int, out: int) -> None:
@@ -406,6 +411,80 @@ class FakeNvmlLibrary(MigManagement):
         attrs.computeInstanceSliceCount = mig.slices
         attrs.memorySizeMB = mig.memory_bytes >> 20
 
+    # -- what the device is doing ------------------------------------------------------------
+    def _memory_used(self, gpu: FakeGpu, mig: FakeMig | None) -> int:
+        total = mig.memory_bytes if mig else gpu.memory_bytes
+        used = self.loads.get(mig.uuid if mig else gpu.uuid).memory_used_bytes
+        if mig is None:  # a GPU in MIG mode: what its MIG devices use
+            used += sum(self.loads.get(m.uuid).memory_used_bytes for m in self.migs(gpu))
+        return min(used, total)
+
+    def _whole_gpu(self, handle: int) -> FakeGpu:
+        """Utilization and power are the whole GPU's, and not measured in MIG mode (NVML
+        answers NOT_SUPPORTED, nvidia-smi shows N/A)."""
+        gpu, mig = self._resolve(handle)
+        if mig is not None or (gpu.mig_capable and self.mig_modes(gpu)[0] == 1):
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        return gpu
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetUtilizationRates(self, handle: int, out: int) -> None:
+        gpu = self._whole_gpu(handle)
+        utilization = self.nv.c_nvmlUtilization_t.from_address(out)
+        # The last sample period's, as the hardware counters give it.
+        utilization.gpu = self.loads.get(gpu.uuid).sm_percent
+        utilization.memory = utilization.gpu // 2
+
+    @_export(c_void_p, c_uint, c_ulonglong, c_void_p, c_void_p, c_void_p)
+    def _nvmlDeviceGetSamples(self, handle: int, kind: int, last_seen: int, value_type: int,
+                              count: int, samples: int | None) -> int | None:
+        gpu = self._whole_gpu(handle)
+        if kind != self.nv.NVML_GPU_UTILIZATION_SAMPLES:
+            raise self._fail("NVML_ERROR_NOT_SUPPORTED")
+        found = self.loads.get(gpu.uuid).samples(last_seen, now_us())
+        if not found:  # NVML: nothing newer than lastSeenTimeStamp is NOT_FOUND
+            raise self._fail("NVML_ERROR_NOT_FOUND")
+        self._put(c_uint, value_type, self.nv.NVML_VALUE_TYPE_UNSIGNED_INT)
+        room = c_uint.from_address(count)
+        if not samples:  # the size query
+            room.value = len(found)
+            return None
+        found = found[-room.value:] if room.value < len(found) else found
+        array = (self.nv.c_nvmlSample_t * len(found)).from_address(samples)
+        for slot, (stamp, value) in enumerate(found):
+            array[slot].timeStamp = stamp
+            array[slot].sampleValue.uiVal = value
+        room.value = len(found)
+        return None
+
+    @_export(c_void_p, c_void_p)
+    def _nvmlDeviceGetPowerUsage(self, handle: int, out: int) -> None:
+        gpu = self._whole_gpu(handle)
+        load = self.loads.get(gpu.uuid)
+        idle = 70_000 + 3_000 * load.sm_percent  # milliwatts: about an H100's idle and slope
+        self._put(c_uint, out, idle if load.power_milliwatts is None else load.power_milliwatts)
+
+    @_export(c_void_p, c_void_p, c_void_p)
+    def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int, count: int,
+                                                 infos: int | None) -> int | None:
+        gpu, mig = self._resolve(handle)
+        # A GPU's list holds its MIG devices' processes too, each naming its instances.
+        holders = [mig] if mig is not None else [None, *self.migs(gpu)]
+        found = [(p, m) for m in holders
+                 for p in self.loads.get(m.uuid if m else gpu.uuid).processes]
+        room = c_uint.from_address(count)
+        if not infos or room.value < len(found):
+            room.value = len(found)
+            return self.nv.NVML_ERROR_INSUFFICIENT_SIZE if found else None
+        array = (self.nv.c_nvmlProcessInfo_v3_t * max(len(found), 1)).from_address(infos)
+        for slot, (process, holder) in enumerate(found):
+            array[slot].pid = process.pid
+            array[slot].usedGpuMemory = process.memory_bytes
+            array[slot].gpuInstanceId = holder.gi if holder else NO_INSTANCE
+            array[slot].computeInstanceId = holder.ci if holder else NO_INSTANCE
+        room.value = len(found)
+        return None
+
     # -- events ------------------------------------------------------------------------------
     @_export(c_void_p)
     def _nvmlEventSetCreate(self, out: int) -> None:
@@ -482,7 +561,8 @@ def load(gpus: list[FakeGpu], driver_version: str | None, cuda: int,
     With the mock node's `root`, device settings persist there (driver/devices/mock/gpustate.py)."""
     nv = bindings()
     library = FakeNvmlLibrary(gpus, driver_version, cuda, nv,
-                              GpuStateStore(root) if root is not None else None)
+                              GpuStateStore(root) if root is not None else None,
+                              GpuLoadStore(root) if root is not None else None)
     nv.nvmlLib = library
     return nv, library
 

@@ -60,20 +60,23 @@ class MockNode:
 def build(profile: Profile, root: Path) -> MockNode:
     """(Re)create the trees under `root`; anything there before is replaced, except what a
     driver restart does not change on a real node: the boot id (tests simulate a reboot by
-    changing that file) and the GPUs' settings (gpu-state/, which carry the boot id)."""
+    changing that file), the GPUs' settings (gpu-state/, which carry the boot id) and what
+    they are doing (gpu-load/)."""
     root = root.absolute()
     boot_id_file = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
     boot_id = boot_id_file.read_text().strip() if boot_id_file.is_file() else str(uuid.uuid4())
-    kept = None
-    if (root / GPU_STATE).is_dir():
-        kept = root.with_name(f".{root.name}-{GPU_STATE}-{os.getpid()}")
-        shutil.rmtree(kept, ignore_errors=True)
-        (root / GPU_STATE).rename(kept)
+    kept = []
+    for name in KEPT:
+        if (root / name).is_dir():
+            aside = root.with_name(f".{root.name}-{name}-{os.getpid()}")
+            shutil.rmtree(aside, ignore_errors=True)
+            (root / name).rename(aside)
+            kept.append((aside, name))
     if root.exists():
         shutil.rmtree(root)
-    if kept is not None:
-        root.mkdir(parents=True)
-        kept.rename(root / GPU_STATE)
+    for aside, name in kept:
+        root.mkdir(parents=True, exist_ok=True)
+        aside.rename(root / name)
     writer = _Writer(root)
     writer.write_profile(profile, boot_id)
     (root / STAMP).write_text(_fingerprint(profile))
@@ -83,6 +86,8 @@ def build(profile: Profile, root: Path) -> MockNode:
 
 STAMP = ".profile"
 GPU_STATE = "gpu-state"  # driver/devices/mock/gpustate.py
+GPU_LOAD = "gpu-load"  # driver/devices/mock/gpuload.py
+KEPT = (GPU_STATE, GPU_LOAD)
 PCI_IDS = Path("usr/share/hwdata/pci.ids")  # below the mock root, as Debian's hwdata has it
 
 
@@ -355,6 +360,8 @@ class _Writer:
         self.file(path / "speed", str(speed if card.link == "up" else -1))
         self.file(path / "type", "1")
         self.file(path / "dev_port", "0")
+        for counter in ("rx_bytes", "tx_bytes"):  # what a test moves to make traffic
+            self.file(path / "statistics" / counter, "0")
         self.link(path / "device", function)
         self.link(self.sys / "class" / "net" / ifname, path)
         self.interfaces.append(ifname)

@@ -1,0 +1,377 @@
+"""Utilization and idle claims (driver/utilization/): the fake NVML library's scripted load
+read through the real nvidia-ml-py, the sampler, metrics joined with claims, idle timers
+across restarts, one Event per idle period, the Idle condition, and `dra-driver status`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from driver.checkpoint import ClaimRecord, PreparedDevice, State
+from driver.devices.discovery import discover
+from driver.devices.mock import load as load_profile
+from driver.devices.mock import tree
+from driver.kube import ApiError
+from driver.metrics import Metrics
+from driver.sim import events as server_events
+from driver.sim.apiserver import ApiServer
+from driver.sim.kubelet import FakeKubelet
+from driver.utilization.idle import IdleTracker, is_idle
+from driver.utilization.monitor import UtilizationMonitor, duration
+from driver.utilization.sampler import Sample, Sampler
+from driver.devices.model import DeviceKind
+from tests.driverproc import DRIVER, DriverDirs
+from tests.inprocess import InProcessPlugin
+from tests.test_claim_status import ours, wait
+from tests.test_plugin_integration import GPU, GPU2, new_claim, result
+
+GIB = 1 << 30
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Events:
+    """Stands in for the API server's events endpoint: what was posted, or an error."""
+
+    def __init__(self) -> None:
+        self.posted = []
+        self.error: ApiError | None = None
+
+    def post(self, event, when=None) -> None:
+        if self.error is not None:
+            raise self.error
+        self.posted.append(event)
+
+
+def node_of(tmp_path: Path, profile: str = "mixed"):
+    node = tree.build(load_profile(profile), tmp_path / "mock")
+    inventory = discover(node.sources()).inventory
+    return node, inventory
+
+
+def record(uid: str, device: str, name: str = "train", share: str | None = None,
+           admin: bool = False) -> ClaimRecord:
+    return ClaimRecord(uid, "team-a", name, State.PREPARE_COMPLETED, "boot",
+                       (PreparedDevice("gpu", "node-a", device, (f"{DRIVER}/claim={uid}",),
+                                       share_id=share, admin_access=admin),))
+
+
+def series(metrics: Metrics, name: str) -> dict[tuple, float]:
+    """{(device, claim_uid, share): value} of one family."""
+    found = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for s in family.samples:
+            if s.name == f"dra_driver_device_{name}":
+                found[(s.labels["device"], s.labels["claim_uid"], s.labels["share"])] = s.value
+    return found
+
+
+# -- the fake library, through nvidia-ml-py ----------------------------------------------------
+def test_scripted_load_reads_back_through_nvidia_ml_py(tmp_path):
+    node, _ = node_of(tmp_path)
+    nv, library = node.nvml, node.library
+    nv.nvmlInit()
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(0)
+        uuid = library.gpus[0].uuid
+        assert nv.nvmlDeviceGetComputeRunningProcesses(handle) == []  # the count-0 SUCCESS path
+        library.loads.set(uuid, sm_percent=87, processes=[(4242, 3 * GIB), (4243, GIB)])
+        assert nv.nvmlDeviceGetUtilizationRates(handle).gpu == 87
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)  # INSUFFICIENT_SIZE, then the list
+        assert [(p.pid, p.usedGpuMemory) for p in procs] == [(4242, 3 * GIB), (4243, GIB)]
+        assert nv.nvmlDeviceGetMemoryInfo(handle).used == 4 * GIB
+        assert nv.nvmlDeviceGetPowerUsage(handle) == 70_000 + 3_000 * 87
+        kind, samples = nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        assert kind == nv.NVML_VALUE_TYPE_UNSIGNED_INT and 1 <= len(samples) <= 120
+        # NVML: nothing newer than lastSeenTimeStamp is an error, not an empty list.
+        with pytest.raises(nv.NVMLError_NotFound):
+            nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
+                                    samples[-1].timeStamp + 10_000_000)
+    finally:
+        nv.nvmlShutdown()
+    assert library.errors == []
+
+
+def test_mig_devices_and_gpus_in_mig_mode_have_no_utilization_counter(tmp_path):
+    node, inventory = node_of(tmp_path, "a100-mig")
+    nv, library = node.nvml, node.library
+    mig = next(d for d in inventory.devices if d.kind is DeviceKind.MIG)
+    nv.nvmlInit()
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(mig.attributes["uuid"])
+        with pytest.raises(nv.NVMLError_NotSupported):
+            nv.nvmlDeviceGetUtilizationRates(handle)
+        parent = nv.nvmlDeviceGetHandleByUUID(mig.attributes["parentUUID"])
+        with pytest.raises(nv.NVMLError_NotSupported):
+            nv.nvmlDeviceGetSamples(parent, nv.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        library.loads.set(mig.attributes["uuid"], processes=[(77, 2 * GIB)])
+        (proc,) = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        assert proc.pid == 77 and proc.gpuInstanceId == mig.attributes["gpuInstanceID"]
+        # The parent's list has its MIG devices' processes, each naming its instance.
+        assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(parent)] == [77]
+    finally:
+        nv.nvmlShutdown()
+    sample = Sampler(nv, node.sysfs, lambda: inventory).sample()[mig.name]
+    assert sample.utilization is None and sample.processes == 1 and sample.memory_used == 2 * GIB
+    assert is_idle(sample, 0.05) is False
+    library.loads.set(mig.attributes["uuid"], processes=[])
+    assert is_idle(Sampler(nv, node.sysfs, lambda: inventory).sample()[mig.name], 0.05) is True
+
+
+def test_a_burst_between_two_samples_is_seen(tmp_path):
+    node, inventory = node_of(tmp_path)
+    sampler = Sampler(node.nvml, node.sysfs, lambda: inventory)
+    try:
+        first = sampler.sample()[GPU]
+        assert first.peak == 0.0 and first.utilization == 0.0 and first.processes == 0
+        uuid = inventory.get(GPU).attributes["uuid"]
+        node.library.loads.set(uuid, sm_percent=90)
+        time.sleep(0.4)
+        node.library.loads.set(uuid, sm_percent=0)
+        time.sleep(0.2)
+        second = sampler.sample()[GPU]
+        # The last period alone (what nvmlDeviceGetUtilizationRates says) is 0%; the
+        # samples since the previous read hold the burst.
+        assert second.peak == 0.9 and 0 < second.utilization < 0.9
+        assert is_idle(second, 0.05) is False
+    finally:
+        sampler.close()
+
+
+def test_nic_counters_come_from_sysfs(tmp_path):
+    node, inventory = node_of(tmp_path)
+    nic = next(d for d in inventory.devices if d.kind is DeviceKind.NIC)
+    stats = node.sysfs / "class" / "net" / nic.attributes["ifName"] / "statistics"
+    (stats / "rx_bytes").write_text("123456\n")
+    (stats / "tx_bytes").write_text("789\n")
+    sample = Sampler(node.nvml, node.sysfs, lambda: inventory).sample()[nic.name]
+    assert (sample.rx_bytes, sample.tx_bytes) == (123456, 789)
+
+
+# -- metrics joined with claims ---------------------------------------------------------------
+def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_path):
+    node, inventory = node_of(tmp_path)
+    records = [record("uid-a", GPU), record("uid-b", GPU2, "infer", share="s1"),
+               record("uid-c", GPU2, "infer-2", share="s2")]
+    clock = Clock()
+    monitor = UtilizationMonitor(Sampler(node.nvml, node.sysfs, lambda: inventory),
+                                 IdleTracker(tmp_path / "state", "me", 0.05, 1800),
+                                 lambda: records, "node-a", clock=clock)
+    metrics = Metrics(DRIVER)
+    metrics.watch_utilization(lambda: monitor.views)
+    monitor.tick()
+    node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=40,
+                           processes=[(1, 10 * GIB)])
+    time.sleep(0.5)  # three NVML sample periods
+    monitor.tick()
+    allocated = series(metrics, "allocated")
+    assert allocated[(GPU, "uid-a", "")] == 1
+    assert allocated[(GPU2, "uid-b", "s1")] == 1 and allocated[(GPU2, "uid-c", "s2")] == 1
+    free = [k for k, v in allocated.items() if v == 0]
+    assert free and all(uid == "" for _, uid, _ in free), "free devices: one series, no claim"
+    assert 0.2 <= series(metrics, "utilization_ratio")[(GPU, "uid-a", "")] <= 0.4
+    assert series(metrics, "utilization_peak_ratio")[(GPU, "uid-a", "")] == 0.4
+    assert series(metrics, "memory_used_bytes")[(GPU, "uid-a", "")] == 10 * GIB
+    assert series(metrics, "compute_processes")[(GPU, "uid-a", "")] == 1
+    assert series(metrics, "power_watts")[(GPU, "uid-a", "")] == 70 + 3 * 40
+    # GPU2 is idle: both shares' timers run; GPU is busy.
+    clock.now += 60
+    monitor.tick()
+    idle = series(metrics, "idle_seconds")
+    assert idle[(GPU, "uid-a", "")] == 0
+    assert idle[(GPU2, "uid-b", "s1")] == 60 and idle[(GPU2, "uid-c", "s2")] == 60
+    # A claim unprepared: its series go; the device left with nobody gets the free series.
+    records[:] = [record("uid-b", GPU2, "infer", share="s1")]
+    monitor.tick()
+    allocated = series(metrics, "allocated")
+    assert not any(uid in ("uid-a", "uid-c") for _, uid, _ in allocated)
+    assert allocated[(GPU, "", "")] == 0
+    assert len([k for k in allocated if k[0] == GPU2]) == 1
+
+
+# -- idle periods: across restarts, one Event each, none for admin access ---------------------
+def idle_sample(device: str, busy: bool = False, at: float = 0.0) -> Sample:
+    value = 0.5 if busy else 0.0
+    return Sample(device, DeviceKind.GPU, at, value, value, 312 << 20, 80 * GIB, 70.0, 1)
+
+
+def test_idle_timer_survives_a_restart_and_each_period_is_reported_once(tmp_path):
+    state = tmp_path / "state"
+    clock = Clock()
+    held = {GPU: [record("uid-a", GPU)]}
+    from driver.utilization.monitor import holders_of
+
+    holders = holders_of(held[GPU])
+    tracker = IdleTracker(state, "me", 0.05, 1800)
+    assert tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders).due == []
+    clock.now += 1000
+    assert tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders).due == []
+    # The driver restarts: the timer goes on from the file.
+    tracker = IdleTracker(state, "me", 0.05, 1800)
+    assert tracker.idle_for(GPU, "uid-a", clock.now) == 1000
+    clock.now += 800
+    (due,) = tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders).due
+    assert (due.device, due.claim_uid, clock.now - due.since) == (GPU, "uid-a", 1800)
+    tracker.reported(due)
+    # Reported: not again, also after another restart.
+    tracker = IdleTracker(state, "me", 0.05, 1800)
+    clock.now += 600
+    assert tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders).due == []
+    # Busy again: the period ends (its Idle condition is cleared) and a new one starts later.
+    changes = tracker.update(clock.now, {GPU: idle_sample(GPU, busy=True)}, holders)
+    assert [p.claim_uid for p in changes.ended] == ["uid-a"] and tracker.idle_for(GPU, "uid-a", clock.now) == 0
+    tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders)
+    clock.now += 1800
+    assert len(tracker.update(clock.now, {GPU: idle_sample(GPU)}, holders).due) == 1
+    # A sample that could not be taken neither starts nor ends a period.
+    unknown = Sample(GPU, DeviceKind.GPU, clock.now)
+    assert is_idle(unknown, 0.05) is None
+    assert tracker.update(clock.now, {GPU: unknown}, holders).ended == []
+
+
+def test_one_event_per_idle_period_and_none_for_admin_access(tmp_path):
+    node, inventory = node_of(tmp_path)
+    clock = Clock()
+    records = [record("uid-a", GPU), record("uid-adm", GPU2, "monitor", admin=True)]
+    events = Events()
+    monitor = UtilizationMonitor(Sampler(node.nvml, node.sysfs, lambda: inventory),
+                                 IdleTracker(tmp_path / "state", "me", 0.05, 1800),
+                                 lambda: records, "node-a", events=events, clock=clock)
+    node.library.loads.set(inventory.get(GPU).attributes["uuid"], memory_used_bytes=312 << 20)
+    monitor.tick()
+    clock.now += 1799
+    monitor.tick()
+    assert events.posted == []
+    clock.now += 1
+    monitor.tick()
+    (event,) = events.posted
+    assert (event.namespace, event.claim_name, event.claim_uid) == ("team-a", "train", "uid-a")
+    assert (event.reason, event.action, event.type) == ("DeviceIdle", "Idle", "Normal")
+    assert event.note == f"GPU {GPU} idle for 30m; 0% SM, 312 MiB used"
+    for _ in range(3):
+        clock.now += 600
+        monitor.tick()
+    assert len(events.posted) == 1, "one Event per idle period; the admin claim gets none"
+    # An API server that cannot take it now: tried again next sample; one that rejects
+    # it (RBAC, validation): given up, not posted every 10 s forever.
+    node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=50)
+    monitor.tick()
+    def idle_again() -> None:
+        node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=0)
+        time.sleep(0.4)  # past the samples that still hold the busy load
+        monitor.tick()
+        time.sleep(0.2)
+        monitor.tick()
+        clock.now += 1800
+
+    idle_again()
+    events.error = ApiError(503, "unavailable")
+    monitor.tick()
+    assert len(events.posted) == 1
+    events.error = None
+    clock.now += 10
+    monitor.tick()
+    assert len(events.posted) == 2, "a new idle period, a new Event (after the retry)"
+    node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=50)
+    time.sleep(0.2)
+    monitor.tick()
+    idle_again()
+    events.error = ApiError(403, "forbidden")
+    monitor.tick()
+    events.error = None
+    clock.now += 10
+    monitor.tick()
+    assert len(events.posted) == 2, "a rejected Event is not retried every sample"
+    assert duration(1800) == "30m" and duration(3900) == "1h5m" and duration(45) == "45s"
+
+
+def test_the_emulator_rejects_events_the_server_rejects():
+    good = {"metadata": {"name": "train.17f", "namespace": "team-a"},
+            "eventTime": "2026-12-03T10:00:00.000000Z", "reportingController": "accel.dra.io",
+            "reportingInstance": "accel.dra.io/node-a", "action": "Idle", "reason": "DeviceIdle",
+            "note": "x", "type": "Normal",
+            "regarding": {"kind": "ResourceClaim", "namespace": "team-a", "name": "train"}}
+    assert server_events.errors(good, "team-a") == []
+    for change, message in (({"eventTime": None}, "eventTime: Required"),
+                            ({"eventTime": "2026-12-03T10:00:00Z"}, "eventTime: Required"),
+                            ({"action": ""}, "action: Required"),
+                            ({"reason": "R" * 129}, "reason: Too long"),
+                            ({"note": "n" * 1025}, "note: Too long"),
+                            ({"type": "Info"}, "type: Unsupported"),
+                            ({"reportingController": "not a name"}, "reportingController: Invalid"),
+                            ({"regarding": {"namespace": "other"}}, "regarding.namespace")):
+        assert any(message in e for e in server_events.errors({**good, **change}, "team-a")), change
+
+
+# -- the running driver: Event, Idle condition, metrics endpoint, `dra-driver status` ---------
+@pytest.fixture
+def running():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        with InProcessPlugin(api, dirs, "mixed", "--utilization-interval", "1",
+                             "--idle-after", "2") as plugin:
+            kubelet = FakeKubelet(dirs.registry)
+            kubelet.register()
+            assert api.wait_for(lambda: len(api.state.slices) > 0)
+            yield api, plugin, kubelet, dirs
+            kubelet.close()
+    dirs.cleanup()
+
+
+def scrape(plugin) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(running):
+    api, plugin, kubelet, dirs = running
+    library = plugin.plugin.node.mock.library
+    uuid = plugin.plugin.holder.inventory.get(GPU).attributes["uuid"]
+    library.loads.set(uuid, sm_percent=0, memory_used_bytes=312 << 20)
+    claim = new_claim(api, "notebook", [result("gpu", GPU)], namespace="team-a")
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    ready_at = wait(lambda: ours(api, claim).get(GPU), "the Ready entry")["conditions"][0]["lastTransitionTime"]
+    events = wait(lambda: api.state.events, "the idle Event", timeout=20)
+    (event,) = events
+    assert event["regarding"]["uid"] == claim.uid and event["regarding"]["kind"] == "ResourceClaim"
+    assert event["reason"] == "DeviceIdle" and event["metadata"]["namespace"] == "team-a"
+    assert event["note"].startswith(f"GPU {GPU} idle for ") and "0% SM, 312 MiB used" in event["note"]
+    conditions = wait(lambda: len(ours(api, claim)[GPU]["conditions"]) == 2
+                      and ours(api, claim)[GPU]["conditions"], "the Idle condition")
+    ready, idle = conditions
+    assert (idle["type"], idle["status"], idle["reason"]) == ("Idle", "True", "DeviceIdle")
+    assert ready["type"] == "Ready" and ready["lastTransitionTime"] == ready_at
+    assert f'claim_uid="{claim.uid}"' in scrape(plugin)
+    # `dra-driver status` beside the running driver: no API server, its files only.
+    shown = subprocess.run([sys.executable, "-m", "driver", "status", "--mock", "mixed",
+                            "--state-dir", str(dirs.state), "-o", "json"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    row = next(r for r in json.loads(shown.stdout) if r["device"] == GPU)
+    assert row["claim"] == "team-a/notebook" and row["claim_uid"] == claim.uid
+    assert row["idle_seconds"] >= 2 and row["memory_used_mib"] == 312 and row["health"] == "Healthy"
+    # The GPU works again: the condition goes, Ready stays as it was.
+    library.loads.set(uuid, sm_percent=60)
+    wait(lambda: [c["type"] for c in ours(api, claim)[GPU]["conditions"]] == ["Ready"],
+         "the Idle condition to go", timeout=20)
+    assert ours(api, claim)[GPU]["conditions"][0]["lastTransitionTime"] == ready_at
+    assert len(api.state.events) == 1
+    # Unprepared: the claim's series leave the metrics.
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    wait(lambda: f'claim_uid="{claim.uid}"' not in scrape(plugin), "the claim's series to go")
+    assert ("create", "events.k8s.io", "events") in api.state.access
