@@ -299,3 +299,37 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
     granted = {(verb, group, resource) for rule in mps_role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     assert namespaced == granted, f"unused: {granted - namespaced}; missing: {namespaced - granted}"
+
+
+def test_dashboard_and_pod_monitor_render_when_enabled_and_query_what_the_driver_exports():
+    import json
+    import re
+
+    assert not [o for o in render() if o["kind"] == "PodMonitor" or "dashboard" in o["metadata"]["name"]]
+    objects = render({"metrics": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "GPUs"}},
+                                  "podMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    (monitor,) = by_kind(objects, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" == container(objects)[1]["ports"][0]["name"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+    (ds,) = by_kind(objects, "DaemonSet")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (config_map,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+    validate_all([config_map])
+    dashboard = json.loads(config_map["data"]["dra-accel-driver.json"])
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Allocated vs idle per node", "Top idle claims", "SM utilization per claim"} <= titles
+    # Every series a panel queries is one the driver exports, with labels it has.
+    from tests.test_utilization import series_names
+
+    exported = series_names()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"\b(dra_driver_\w+)", target["expr"]):
+                assert name in exported, (panel["title"], name)
+    with pytest.raises(Exception, match="metrics.port"):
+        render({"metrics": {"port": 0, "podMonitor": {"enabled": True}}})

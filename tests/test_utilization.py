@@ -24,8 +24,8 @@ from driver.metrics import Metrics
 from driver.sim import events as server_events
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import FakeKubelet
-from driver.utilization.idle import IdleTracker, is_idle
-from driver.utilization.monitor import UtilizationMonitor, duration
+from driver.utilization.idle import Holder, IdleTracker, is_idle
+from driver.utilization.monitor import DeviceView, UtilizationMonitor, duration
 from driver.utilization.sampler import Sample, Sampler
 from driver.devices.model import DeviceKind
 from tests.driverproc import DRIVER, DriverDirs
@@ -375,3 +375,57 @@ def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(r
     assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
     wait(lambda: f'claim_uid="{claim.uid}"' not in scrape(plugin), "the claim's series to go")
     assert ("create", "events.k8s.io", "events") in api.state.access
+
+
+def series_names() -> set[str]:
+    """The metric names the driver exports for devices (for the dashboard's queries)."""
+    from driver.metrics import DEVICE_LABELS, _UtilizationCollector
+
+    views = [DeviceView(Sample("gpu-x", DeviceKind.GPU, 0.0, 0.1, 0.2, 1, 2, 3.0, 1),
+                        (Holder("u", "ns", "c"),), {"u": 5.0}),
+             DeviceView(Sample("nic-x", DeviceKind.NIC, 0.0, rx_bytes=1, tx_bytes=2))]
+    names = set()
+    for family in _UtilizationCollector(lambda: views).collect():
+        for s in family.samples:
+            names.add(s.name)
+            assert set(s.labels) == set(DEVICE_LABELS)
+    return names
+
+
+def test_utilization_options_are_checked_once_with_the_option_named():
+    import argparse
+
+    from driver.config import ConfigError, add_arguments, build
+
+    def config(*args, command="run"):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser, command)
+        return build(parser.parse_args(list(args)), {}, command=command)
+
+    default = config()
+    assert (default.utilization_interval, default.idle_after, default.idle_threshold) == (10, 1800, 0.05)
+    off = config("--utilization-interval", "0", "--idle-after", "0", "--idle-threshold", "0")
+    assert (off.utilization_interval, off.idle_after, off.idle_threshold) == (0, 0, 0)
+    for args, message in ((("--utilization-interval", "0.5"), "--utilization-interval: 0.5 is outside 1..86400 seconds"),
+                          (("--idle-after", "soon"), "--idle-after: 'soon' is not a number of seconds"),
+                          (("--idle-threshold", "101"), "--idle-threshold: 101.0 is outside 0..100 percent")):
+        with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+            config(*args)
+    # `status` reads the state dir and the threshold; it has no sockets or API server.
+    assert config("--state-dir", "/tmp/s", "--idle-threshold", "10", command="status").idle_threshold == 0.1
+    with pytest.raises(SystemExit):
+        config("--kubeconfig", "/k", command="status")
+
+
+def test_status_without_a_driver_says_so_and_still_lists_the_devices(tmp_path):
+    shown = subprocess.run([sys.executable, "-m", "driver", "status", "--mock", "a100-mig",
+                            "--state-dir", str(tmp_path / "none")], capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"no driver state at {tmp_path / 'none'} (--state-dir)" in shown.stderr
+    header, *lines = shown.stdout.splitlines()
+    assert header.split() == ["DEVICE", "KIND", "HEALTH", "CLAIM", "SHARE", "SM", "MEMORY", "POWER",
+                              "PROCS", "IDLE"]
+    migs = [line.split() for line in lines if line.startswith("mig-")]
+    assert migs and all(cols[5] == "-" for cols in migs), "MIG devices have no SM counter"
+    assert not (tmp_path / "none").exists(), "status only reads"
