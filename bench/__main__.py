@@ -270,6 +270,90 @@ def bench_dynamic_mig(table: Table, rounds: int, exclusive_prepare: float) -> No
         driver.stop()
 
 
+def mig_profile(directory: Path, migs: int) -> Path:
+    """A node of A100s carved into `migs` 1g.5gb MIG devices (7 per GPU)."""
+    gpus = []
+    while migs > 0:
+        gpus.append("      - {type: gpu, model: a100-sxm4-40gb, mig: [%s]}" % ", ".join(["1g.5gb"] * min(7, migs)))
+        migs -= 7
+    path = directory / f"mig{len(gpus)}.yaml"
+    path.write_text("description: MIG sampling bench\n"
+                    "nvidia: {driverVersion: \"535.104.05\", cudaDriverVersion: 12020}\n"
+                    "roots:\n  - numa: 0\n    devices:\n" + "\n".join(gpus) + "\n")
+    return path
+
+
+def bench_utilization(table: Table, scratch: Path, rounds: int, interval: float = 10.0) -> None:
+    """CPU of one utilization sample (and of the monitor's join with claims and the idle
+    timers), beside what the NVML calls alone cost through the same fake library."""
+    from driver.checkpoint import ClaimRecord, PreparedDevice, State
+    from driver.devices import mock
+    from driver.devices.discovery import discover
+    from driver.metrics import Metrics
+    from driver.utilization.idle import IdleTracker
+    from driver.utilization.monitor import UtilizationMonitor
+    from driver.utilization.sampler import Sampler
+    from prometheus_client import generate_latest
+
+    for label, profile in (("8 GPUs", "h100x8"), ("64 MIG devices", str(mig_profile(scratch, 64)))):
+        node = mock.build(mock.load(profile), scratch / f"util-{len(label)}")
+        inventory = discover(node.sources()).inventory
+        devices = [d for d in inventory.devices if d.attributes.get("uuid")]
+        records = [ClaimRecord(f"uid-{i}", "default", f"c-{i}", State.PREPARE_COMPLETED, "b",
+                               (PreparedDevice("r", NODE, d.name, ("x",)),)) for i, d in enumerate(devices)]
+        sampler = Sampler(node.nvml, node.sysfs, lambda: inventory)
+        monitor = UtilizationMonitor(sampler, IdleTracker(scratch / f"state-{len(label)}", "bench", 0.05, 1800),
+                                     lambda: records, NODE)
+        metrics = Metrics(DRIVER)
+        metrics.watch_utilization(lambda: monitor.views)
+        monitor.tick()  # handles looked up, NVML initialized
+        calls_before = sum(node.library.calls.values())
+        cpu = []
+        for _ in range(rounds):
+            t = time.process_time()
+            sampler.sample()
+            cpu.append(time.process_time() - t)
+        calls = (sum(node.library.calls.values()) - calls_before) / rounds
+        ticks, scrapes = [], []
+        for _ in range(rounds):
+            t = time.process_time()
+            monitor.tick()
+            ticks.append(time.process_time() - t)
+            t = time.process_time()
+            generate_latest(metrics.registry)
+            scrapes.append(time.process_time() - t)
+        # The floor: the same number of NVML calls, through the same fake library, alone.
+        nv = node.nvml
+        handle = nv.nvmlDeviceGetHandleByUUID(str(devices[0].attributes["uuid"]))
+        t = time.process_time()
+        for _ in range(1000):
+            nv.nvmlDeviceGetMemoryInfo(handle)
+        per_call = (time.process_time() - t) / 1000
+        sample = table.latency(f"utilization: one sample, {label} (CPU)", cpu,
+                               f"{calls:.0f} NVML calls; floor {calls * per_call * 1000:.2f} ms "
+                               f"({statistics.median(cpu) / (calls * per_call):.2f}x)")
+        tick = table.latency(f"utilization: sample + claims + idle timers, {label} (CPU)", ticks,
+                             f"{len(records)} claims")
+        table.latency(f"utilization: /metrics scrape, {label} (CPU)", scrapes)
+        table.value(f"utilization: share of a core at {interval:g} s, {label}",
+                    f"{tick / interval * 100:.3f} %", f"sample alone {sample / interval * 100:.3f} %")
+        sampler.close()
+
+
+def idle_cpu(api: ApiServer, profile: str, extra: list[str], seconds: float) -> float:
+    """CPU seconds a started, idle driver process uses in `seconds`."""
+    driver = Driver(api, profile, extra)
+    driver.start()
+    kubelet = driver.kubelet()
+    time.sleep(2.0)  # past start-up and the first publish
+    cpu0 = driver.cpu_seconds()
+    time.sleep(seconds)
+    used = driver.cpu_seconds() - cpu0
+    kubelet.close()
+    driver.stop()
+    return used
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--runs", type=int, default=200)
@@ -387,6 +471,17 @@ def main() -> int:
                     f"64 concurrent: {concurrent_rate / c:.2f}x")
         narrow_kubelet.close()
         narrow.stop()
+
+        # -- idle CPU with sampling on and off (A/B in this run) ---------------------------------
+        on = idle_cpu(api, "h100x8", [], args.idle_seconds)
+        off = idle_cpu(api, "h100x8", ["--utilization-interval", "0"], args.idle_seconds)
+        table.value(f"h100x8: CPU during {args.idle_seconds:.0f} s idle, sampling every 10 s",
+                    f"{on:.2f} s", f"{on / args.idle_seconds * 100:.2f} % of a core")
+        table.value(f"h100x8: CPU during {args.idle_seconds:.0f} s idle, no sampling",
+                    f"{off:.2f} s", f"{off / args.idle_seconds * 100:.2f} % of a core")
+
+    # -- utilization sampling: CPU per sample -------------------------------------------------
+    bench_utilization(table, scratch, max(20, runs // 4))
 
     # -- GPU sharing: shares of consumable capacity under the GPU's MPS daemon ------------------
     bench_sharing(table, max(10, runs // 10), p)
