@@ -98,6 +98,7 @@ def main() -> int:
             deadline = time.monotonic() + 30
             while len(api.state.events) < 2 and time.monotonic() < deadline:
                 time.sleep(0.5)
+            time.sleep(20)  # NVML's sample buffer (what `status` averages) holds the new load
             shown = subprocess.run([sys.executable, "-m", "driver", "status", "--mock", "h100x8",
                                     "--node-name", NODE, "--state-dir", str(state)],
                                    capture_output=True, text=True, check=True)
