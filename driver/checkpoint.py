@@ -65,6 +65,9 @@ class ClaimRecord:
     state: State
     boot_id: str
     devices: tuple[PreparedDevice, ...] = ()
+    # The pods the claim was reserved for when last prepared (for `dra-driver status`;
+    # older versions ignore the field, so it needs no new format version).
+    pods: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
         data = asdict(self)
@@ -88,7 +91,8 @@ class ClaimRecord:
                 for d in data["devices"]
             )
             return cls(uid=data["uid"], namespace=data["namespace"], name=data["name"],
-                       state=State(data["state"]), boot_id=data["boot_id"], devices=devices)
+                       state=State(data["state"]), boot_id=data["boot_id"], devices=devices,
+                       pods=tuple(str(p) for p in data.get("pods") or ()))
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as err:

@@ -84,8 +84,11 @@ def main() -> int:
             claims = []
             for namespace, name, device, sm, memory in CLAIMS:
                 uid = str(uuid.uuid4())
-                api.put_claim(claim_allocated(namespace, name, uid, [
-                    {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]))
+                claim = claim_allocated(namespace, name, uid, [
+                    {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}])
+                claim["status"]["reservedFor"] = [{"resource": "pods", "name": f"{name}-0",
+                                                   "uid": str(uuid.uuid4())}]
+                api.put_claim(claim)
                 claims.append(Claim(namespace, name, uid))
             inventory = json.loads(subprocess.run(
                 [sys.executable, "-m", "driver", "discover", "--mock", "h100x8", "-o", "json"],

@@ -333,6 +333,13 @@ def running():
     dirs.cleanup()
 
 
+def reserve(api, claim, *pods: str) -> None:
+    with api.state.lock:
+        stored = api.state.claims[(claim.namespace, claim.name)]
+        stored["status"]["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"}
+                                           for p in pods]
+
+
 def scrape(plugin) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=5) as r:
         return r.read().decode()
@@ -344,6 +351,10 @@ def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(r
     uuid = plugin.plugin.holder.inventory.get(GPU).attributes["uuid"]
     library.loads.set(uuid, sm_percent=0, memory_used_bytes=312 << 20)
     claim = new_claim(api, "notebook", [result("gpu", GPU)], namespace="team-a")
+    reserve(api, claim, "nb-0")
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    # A second pod of the claim: the kubelet prepares it again; the record learns the pod.
+    reserve(api, claim, "nb-0", "nb-1")
     assert kubelet.prepare([claim]).claims[claim.uid].error == ""
     ready_at = wait(lambda: ours(api, claim).get(GPU), "the Ready entry")["conditions"][0]["lastTransitionTime"]
     events = wait(lambda: api.state.events, "the idle Event", timeout=20)
@@ -364,6 +375,7 @@ def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(r
     assert shown.returncode == 0, shown.stderr
     row = next(r for r in json.loads(shown.stdout) if r["device"] == GPU)
     assert row["claim"] == "team-a/notebook" and row["claim_uid"] == claim.uid
+    assert row["pods"] == ["nb-0", "nb-1"]
     assert row["idle_seconds"] >= 2 and row["memory_used_mib"] == 312 and row["health"] == "Healthy"
     # The GPU works again: the condition goes, Ready stays as it was.
     library.loads.set(uuid, sm_percent=60)
@@ -424,8 +436,8 @@ def test_status_without_a_driver_says_so_and_still_lists_the_devices(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert f"no driver state at {tmp_path / 'none'} (--state-dir)" in shown.stderr
     header, *lines = shown.stdout.splitlines()
-    assert header.split() == ["DEVICE", "KIND", "HEALTH", "CLAIM", "SHARE", "SM", "MEMORY", "POWER",
-                              "PROCS", "IDLE"]
+    assert header.split() == ["DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "SM", "MEMORY",
+                              "POWER", "PROCS", "IDLE"]
     migs = [line.split() for line in lines if line.startswith("mig-")]
-    assert migs and all(cols[5] == "-" for cols in migs), "MIG devices have no SM counter"
+    assert migs and all(cols[6] == "-" for cols in migs), "MIG devices have no SM counter"
     assert not (tmp_path / "none").exists(), "status only reads"

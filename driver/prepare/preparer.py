@@ -156,7 +156,7 @@ class Preparer:
         try:
             prepared = self._resolve(ref, allocation)
             outcome = await self._local(ref, self._prepare_locally, prepared, log,
-                                        pod_claim_name(claim))
+                                        ClaimUsers.of(claim))
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             if self.status is not None:  # the claim shows why, not only the kubelet's event
                 self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
@@ -166,7 +166,7 @@ class Preparer:
         return outcome
 
     def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log,
-                         pod_claim: str | None) -> PrepareOutcome:
+                         users: "ClaimUsers") -> PrepareOutcome:
         uses = self._uses(ref, prepared)
         # Claims run in parallel threads; those that share a GPU are checked against each
         # other and change the device, so they go one at a time (exclusive ones need not).
@@ -174,16 +174,18 @@ class Preparer:
                      for u in uses) or (
             self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses}))
         with self._sharing_lock if shared else contextlib.nullcontext():
-            return self._prepare_checked(ref, prepared, uses, shared, log, pod_claim)
+            return self._prepare_checked(ref, prepared, uses, shared, log, users)
 
     def _prepare_checked(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
-                         uses: list[Use], shared: bool, log, pod_claim: str | None) -> PrepareOutcome:
+                         uses: list[Use], shared: bool, log, users: "ClaimUsers") -> PrepareOutcome:
         record = self._record(ref, log)
         reason = "prepared"
         if record is not None and record.state is State.PREPARE_COMPLETED:
             if record.devices == prepared:
                 if record.boot_id == self.boot_id and self.cdi.path(ref.uid).exists():
                     log.debug("claim_already_prepared")
+                    if users.pods and users.pods != record.pods:  # another pod of the claim
+                        self.checkpoint.put(dataclasses.replace(record, pods=users.pods))
                     return PrepareOutcome(record.devices, status=self._status(record.devices, uses))
                 # Rebooted (tmpfs /var/run/cdi is empty, minors may differ, the GPU lost
                 # its settings) or spec deleted: rebuild from the allocation and today's
@@ -191,7 +193,7 @@ class Preparer:
                 if shared:
                     self._set_up(ref, uses)
                 uses = self._partitions(ref, uses)
-                self._write(ref, prepared, uses, log, "restored", pod_claim)
+                self._write(ref, prepared, uses, log, "restored", users)
                 return PrepareOutcome(prepared, status=self._status(prepared, uses))
             log.info("claim_reallocated", was=[d.device for d in record.devices],
                      now=[d.device for d in prepared])
@@ -200,7 +202,7 @@ class Preparer:
         if shared:
             self._set_up(ref, uses)
         uses = self._partitions(ref, uses)
-        self._write(ref, prepared, uses, log, reason, pod_claim)
+        self._write(ref, prepared, uses, log, reason, users)
         return PrepareOutcome(prepared, status=self._status(prepared, uses))
 
     def _status(self, prepared: tuple[PreparedDevice, ...], uses: list[Use]) -> tuple[DeviceStatus, ...]:
@@ -329,13 +331,14 @@ class Preparer:
         return chosen
 
     def _write(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], uses: list[Use], log,
-               reason: str, pod_claim: str | None = None) -> None:
+               reason: str, users: "ClaimUsers | None" = None) -> None:
+        users = users or ClaimUsers()
         driver_mounts = self.driver_mounts()
         # KEP-5304: the metadata files first, then the spec that mounts them; each
         # request's file goes with the first of its devices (a container gets all of them).
         metadata_mounts: dict[str, cdi.Mount] = {}
         if self.metadata is not None:
-            metadata_mounts = self.metadata.write(ref, pod_claim, [
+            metadata_mounts = self.metadata.write(ref, users.pod_claim, [
                 (p, u.device, claim_status.network_of(u.device, p, self.addresses))
                 for p, u in zip(devices, uses)])
         cdi_devices = []
@@ -360,7 +363,8 @@ class Preparer:
         spec = cdi.build_spec(self.cdi.vendor, cdi_devices, where=f"claim {ref}")
         self.cdi.write(ref.uid, spec)
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name,
-                                        State.PREPARE_COMPLETED, self.boot_id, devices))
+                                        State.PREPARE_COMPLETED, self.boot_id, devices,
+                                        users.pods))
         log.info("claim_" + reason, devices=[d.device for d in devices],
                  cdi_version=spec["cdiVersion"])
 
@@ -430,3 +434,23 @@ class Preparer:
 
     def prepared_claims(self) -> list[str]:
         return self.checkpoint.uids()
+
+
+@dataclass(frozen=True)
+class ClaimUsers:
+    """Who uses a claim, as its object says at prepare: the pod's claim name of a
+    template-generated claim (KEP-5304 file paths), and the pods it is reserved for
+    (kept in the record for `dra-driver status`)."""
+
+    pod_claim: str | None = None
+    pods: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, claim: dict) -> "ClaimUsers":
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        pods = tuple(sorted({str(r["name"]) for r in reserved if isinstance(r, dict)
+                             and r.get("resource") == "pods" and r.get("name")}))[:MAX_PODS]
+        return cls(pod_claim_name(claim), pods)
+
+
+MAX_PODS = 32  # reservedFor holds up to 256; the record keeps the first few

@@ -42,6 +42,7 @@ class Holder:
     name: str
     share: str | None = None
     admin: bool = False
+    pods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def holders_of(records: Iterable[ClaimRecord]) -> dict[str, list[Holder]]:
         for device in record.devices:
             held.setdefault(device.device, []).append(
                 Holder(record.uid, record.namespace, record.name, device.share_id,
-                       device.admin_access))
+                       device.admin_access, record.pods))
     return held
 
 

@@ -47,6 +47,7 @@ class Row:
     health: str  # "Healthy", or the condition reasons
     claim: str  # namespace/name, "" when free
     claim_uid: str
+    pods: tuple[str, ...]  # as reserved when the claim was last prepared
     share: str
     admin_access: bool
     utilization_percent: float | None
@@ -125,6 +126,7 @@ def rows(inventory: Inventory, samples: dict, held: dict, periods: dict, health:
             out.append(Row(
                 device.name, device.kind.value, state,
                 f"{holder.namespace}/{holder.name}" if holder else "", holder.uid if holder else "",
+                holder.pods if holder else (),
                 (holder.share or "") if holder else "", bool(holder and holder.admin),
                 round(sample.utilization * 100, 1) if sample and sample.utilization is not None else None,
                 sample.memory_used // MIB if sample and sample.memory_used is not None else None,
@@ -140,13 +142,15 @@ def _cell(value: Any, unit: str = "") -> str:
 
 
 def table(found: list[Row]) -> str:
-    header = ("DEVICE", "KIND", "HEALTH", "CLAIM", "SHARE", "SM", "MEMORY", "POWER", "PROCS", "IDLE")
+    header = ("DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "SM", "MEMORY", "POWER", "PROCS",
+              "IDLE")
     lines = [header]
     for r in found:
         memory = (f"{r.memory_used_mib}/{r.memory_total_mib}Mi" if r.memory_total_mib is not None
                   else (f"rx {r.rx_bytes} tx {r.tx_bytes}" if r.rx_bytes is not None else "-"))
         claim = (r.claim + " (admin)") if r.admin_access else r.claim
-        lines.append((r.device, r.kind, r.health, _cell(claim), _cell(r.share[:8]),
+        pods = ",".join(r.pods[:2]) + (f",+{len(r.pods) - 2}" if len(r.pods) > 2 else "")
+        lines.append((r.device, r.kind, r.health, _cell(claim), _cell(pods), _cell(r.share[:8]),
                       _cell(r.utilization_percent, "%"), memory, _cell(r.power_watts, "W"),
                       _cell(r.processes),
                       duration(r.idle_seconds) if r.idle_seconds is not None else "-"))
