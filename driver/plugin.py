@@ -171,7 +171,9 @@ class Plugin:
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
         health = HealthState(config.driver_name, inventory)
-        # For `dra-driver status`, which runs beside us without the API server.
+        # For `dra-driver status`, which runs beside us without the API server: now (a
+        # previous process may have left conditions that no longer hold), then on changes.
+        nodeview.write_health(config.state_dir, instance.token, health)
         health.subscribe(lambda: nodeview.write_health(config.state_dir, instance.token, health))
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,

@@ -441,3 +441,16 @@ def test_status_without_a_driver_says_so_and_still_lists_the_devices(tmp_path):
     migs = [line.split() for line in lines if line.startswith("mig-")]
     assert migs and all(cols[6] == "-" for cols in migs), "MIG devices have no SM counter"
     assert not (tmp_path / "none").exists(), "status only reads"
+
+
+def test_a_new_driver_process_replaces_health_a_previous_one_left_for_status():
+    dirs = DriverDirs.make()
+    stale = dirs.state / "utilization" / "health.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({GPU: [{"reason": "gpu-xid", "value": "79", "message": "old",
+                                        "since": 1.0}]}))
+    with ApiServer() as api:
+        api.add_node("node-a")
+        with InProcessPlugin(api, dirs, "mixed", "--utilization-interval", "0"):
+            assert json.loads(stale.read_text()) == {}, "the old condition does not hold any more"
+    dirs.cleanup()
