@@ -144,13 +144,7 @@ class Checkpoint:
         with self._lock:
             current = self._read_changes()
             if fresh or current is None or current != self._seen:
-                cache = {}
-                for path in self.directory.glob("*.json"):
-                    try:
-                        cache[path.stem] = ClaimRecord.from_json(path.read_bytes(), path)
-                    except (OSError, CheckpointError):
-                        continue
-                self._cache, self._seen = cache, current
+                self._cache, self._seen = read_records(self.directory), current
             return iter(list(self._cache.values()))
 
     def _read_changes(self) -> str | None:
@@ -184,6 +178,19 @@ class Checkpoint:
         path.replace(target)
         atomic.fsync_dir(self.directory)
         return target
+
+
+def read_records(directory: Path, problems: list[str] | None = None) -> dict[str, ClaimRecord]:
+    """Every readable record of a claims directory, by UID; an unreadable one is skipped
+    (and said in `problems`). Reads only: `dra-driver status` uses it beside the driver."""
+    found = {}
+    for path in directory.glob("*.json"):
+        try:
+            found[path.stem] = ClaimRecord.from_json(path.read_bytes(), path)
+        except (OSError, CheckpointError) as err:
+            if problems is not None:
+                problems.append(str(err))
+    return found
 
 
 def read_boot_id(proc: Path) -> str:

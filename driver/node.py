@@ -25,6 +25,13 @@ class NodeRoots:
     driver_root_local: Path = Path("/")  # the same, as this process sees them
     pci_ids: PciIds = field(default_factory=PciIds)  # read once, at the first lookup
 
+    @classmethod
+    def of_mock(cls, node: mock.MockNode) -> "NodeRoots":
+        """A mock node's trees, NVML and driver root, as a real node's would be."""
+        return cls(node.sysfs, node.dev, node.proc, node.nvml, node,
+                   driver_root_host=node.driver_root, driver_root_local=node.driver_root,
+                   pci_ids=node.pci_db)
+
     def sources(self, config: Config, mig_mode: str | None = None,
                 owned_mig: Callable[[], set] = set) -> Sources:
         return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids,
@@ -48,6 +55,4 @@ def open_node(config: Config, mock_root: Path | None = None,
             root = root.with_name(f"{root.name}-{instance.token}")
     if node is None:
         node = mock.build(config.mock, root)
-    return NodeRoots(node.sysfs, node.dev, node.proc, node.nvml, node,
-                     driver_root_host=node.driver_root, driver_root_local=node.driver_root,
-                     pci_ids=node.pci_db)
+    return NodeRoots.of_mock(node)

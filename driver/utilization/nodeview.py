@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from driver import atomic
-from driver.checkpoint import CheckpointError, ClaimRecord, State
+from driver.checkpoint import ClaimRecord, State, read_records
 from driver.config import Config
 from driver.devices import mock
 from driver.devices.discovery import discover
@@ -61,13 +61,8 @@ class Row:
 
 
 def _records(state_dir: Path, problems: list[str]) -> list[ClaimRecord]:
-    found = []
-    for path in sorted((state_dir / "claims").glob("*.json")):
-        try:
-            found.append(ClaimRecord.from_json(path.read_bytes(), path))
-        except (OSError, CheckpointError) as err:
-            problems.append(str(err))
-    return [r for r in found if r.state is State.PREPARE_COMPLETED]
+    found = read_records(state_dir / "claims", problems)
+    return [found[uid] for uid in sorted(found) if found[uid].state is State.PREPARE_COMPLETED]
 
 
 def _node(config: Config, scratch: Path) -> NodeRoots:
@@ -78,9 +73,7 @@ def _node(config: Config, scratch: Path) -> NodeRoots:
     attached = mock.attach(config.mock, config.state_dir / "mock")
     if attached is None:
         return open_node(config, scratch / "mock")
-    return NodeRoots(attached.sysfs, attached.dev, attached.proc, attached.nvml, attached,
-                     driver_root_host=attached.driver_root, driver_root_local=attached.driver_root,
-                     pci_ids=attached.pci_db)
+    return NodeRoots.of_mock(attached)
 
 
 def collect(config: Config, problems: list[str] | None = None) -> list[Row]:
