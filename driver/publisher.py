@@ -21,9 +21,14 @@ During a seamless upgrade two instances run; only the newest live one writes
 an unchanged inventory neither writes anything.
 
 A watch on our slices triggers a reconcile whenever someone else deletes or edits one
-(the kubelet deletes a driver's slices at its start and after the driver disconnects).
-API errors are retried with capped exponential backoff and jitter; prepare calls do not
-depend on any of this.
+(the kubelet deletes a driver's slices at its start and after the driver disconnects), and
+keeps the copy of them a reconcile compares with (driver/slicecache.py): while the watch
+runs, a reconcile makes no LIST. The desired slices and the normalized form of both sides
+are kept while their inputs are unchanged (the same inventory object, taints, generation,
+the same listed resourceVersion), so that a no-change reconcile on a node of 2,048 devices
+neither builds, decodes nor normalizes them again. API errors are retried with capped
+exponential backoff and jitter, and the reconcile after a failed one LISTs; prepare calls
+do not depend on any of this.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from kubernetes.utils import parse_quantity
 from driver import slices
 from driver.devices.model import Inventory
 from driver.kube import ApiError, Kube, NotFound
+from driver.slicecache import SliceCache
 from driver.slices import API_GROUP, PoolIdentity
 
 BACKOFF_BASE = 0.5
@@ -57,6 +63,7 @@ class PublishStats:
     reconciles: int = 0
     published: bool = False  # the first complete publish is done (readiness)
     deferred: int = 0  # writes left to a newer instance
+    lists: int = 0  # LISTs a reconcile made (none while the watch keeps the copy)
 
 
 # The device fields this driver writes. Anything else in a listed slice (defaults a newer
@@ -131,10 +138,6 @@ def _dropped(sent: dict, stored: dict | None, device_field: str, spec_field: str
     return _uses(sent, device_field, spec_field) and not _uses(stored, device_field, spec_field)
 
 
-def _differs(have: dict, want: dict) -> bool:
-    return _content(have) != _content(want)
-
-
 def _partition(objects: Sequence[dict]) -> dict[str, tuple[str, ...]]:
     return {o["metadata"]["name"]: tuple(d.get("name") for d in o.get("spec", {}).get("devices") or [])
             for o in objects}
@@ -144,6 +147,26 @@ def _pool(obj: dict, field_name: str) -> int | None:
     """A pool field of a listed slice; None when someone else's edit left it unusable."""
     value = ((obj.get("spec") or {}).get("pool") or {}).get(field_name)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass
+class _Desired:
+    """One build of the desired slices, with what a reconcile compares of them."""
+
+    inputs: tuple
+    slices: list[dict]
+    contents: dict[str, dict]  # name -> normalized content
+    partition: dict[str, tuple[str, ...]]
+
+
+@dataclass
+class _Listed:
+    """A listed slice at one resourceVersion, normalized once."""
+
+    version: str | None
+    content: dict
+    devices: tuple[str, ...]
+    equal_to: _Desired | None = None  # the build it was found equal to
 
 
 @dataclass
@@ -172,6 +195,7 @@ class Publisher:
     # The newest live instance of this driver on the node that started after us, if any
     # (driver/instance.py); while there is one, it publishes and we do not.
     newer_instance: Callable[[], Any] = lambda: None
+    watch_seconds: int = WATCH_SECONDS  # the server ends each watch after this; we resume
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -181,6 +205,10 @@ class Publisher:
         self._rng = random.Random()
         self._published: tuple[int, dict] | None = None  # (generation, partition) we wrote
         self._standing_by: Any = None  # the newer instance we leave writes to
+        self.cache = SliceCache()
+        self._relist = False  # the last reconcile failed: do not trust the copy
+        self._desired: _Desired | None = None  # the last build
+        self._listed: dict[str, _Listed] = {}
 
     # -- triggers ------------------------------------------------------------------------
     def trigger(self) -> None:
@@ -239,19 +267,77 @@ class Publisher:
             # deleted node's slices is what we lose, so keep trying on later passes.
             self.log.warning("node_lookup_failed", error=str(err))
 
+    def _ours(self, obj: dict) -> bool:
+        spec = obj.get("spec") or {}
+        return spec.get("driver") == self.driver and spec.get("nodeName") == self.node
+
+    def _list(self) -> tuple[list[dict], str | None]:
+        listing = self.kube.request("GET", self._base(), query=self._selector()) or {}
+        version = (listing.get("metadata") or {}).get("resourceVersion")
+        return [s for s in listing.get("items") or [] if self._ours(s)], version
+
     def list_existing(self) -> list[dict]:
-        listing = self.kube.request("GET", self._base(), query=self._selector())
-        return [s for s in listing.get("items", [])
-                if (s.get("spec") or {}).get("driver") == self.driver
-                and (s.get("spec") or {}).get("nodeName") == self.node]
+        return self._list()[0]
+
+    def _existing(self) -> dict[str, dict]:
+        """The slices the server has: the watch's copy while it is trusted, else a LIST."""
+        snapshot = None if self._relist else self.cache.snapshot()
+        if snapshot is None:
+            self.stats.lists += 1
+            snapshot = {s["metadata"]["name"]: s for s in self.list_existing()}
+            self._relist = False
+        return snapshot
+
+    def _have(self, obj: dict) -> _Listed:
+        """A listed slice normalized, once per resourceVersion."""
+        name = obj["metadata"]["name"]
+        version = obj["metadata"].get("resourceVersion")
+        known = self._listed.get(name)
+        if known is not None and version is not None and known.version == version:
+            return known
+        listed = _Listed(version, _content(obj), _partition([obj])[name])
+        if version is not None:
+            self._listed[name] = listed
+        return listed
+
+    def _unchanged(self, have: dict, desired: _Desired, name: str) -> bool:
+        listed = self._have(have)
+        if listed.equal_to is desired:
+            return True  # compared at this resourceVersion with this build already
+        if listed.content != desired.contents[name]:
+            return False
+        listed.equal_to = desired
+        return True
+
+    def _build(self, inventory: Inventory, pool: PoolIdentity, current: int, taints: Mapping,
+               sharing: str, layout: str | None) -> _Desired:
+        """The desired slices; rebuilt only when an input changed. Rediscovery replaces
+        the inventory object only when it changed, so the same object means the same
+        devices."""
+        inputs = (inventory, pool, current, self.api_version, dict(taints), sharing, layout)
+        built = self._desired
+        if built is not None and built.inputs[0] is inventory and built.inputs[1:] == inputs[1:]:
+            return built
+        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout)
+        self._desired = _Desired(inputs, desired, {o["metadata"]["name"]: _content(o) for o in desired},
+                                 _partition(desired))
+        return self._desired
 
     # -- reconcile -----------------------------------------------------------------------
     def reconcile(self) -> int:
         """One pass; returns the number of writes. Raises ApiError on failure."""
+        try:
+            return self._reconcile()
+        except Exception:
+            # A stale copy shows as a conflict; whatever it was, the next pass LISTs.
+            self._relist = True
+            raise
+
+    def _reconcile(self) -> int:
         self.negotiate()
         self._owner()
         self.stats.reconciles += 1
-        existing = {s["metadata"]["name"]: s for s in self.list_existing()}
+        existing = self._existing()
         pool = PoolIdentity(self.driver, self.node, self.node_uid)
         generations = {_pool(s, "generation") for s in existing.values()}
         current = max((g for g in generations if g is not None), default=0)
@@ -261,9 +347,9 @@ class Publisher:
         sharing = self.sharing if self.sharing_supported else slices.EXCLUSIVE
         inventory = self.inventory()
         layout = self._layout(bool(inventory.counter_sets))
-        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout)
-        want = _partition(desired)
-        have = _partition(existing.values())
+        built = self._build(inventory, pool, current, taints, sharing, layout)
+        desired, want = built.slices, built.partition
+        have = {name: self._have(obj).devices for name, obj in existing.items()}
         # What we last published, if this process published: then an external edit or
         # delete is repaired in place. A fresh process trusts the API server's partition.
         known = self._published if self._published and self._published[0] == current else (current, have)
@@ -276,7 +362,7 @@ class Publisher:
         )
         writes = 0
         changed = [o for o in desired if o["metadata"]["name"] not in existing
-                   or _differs(existing[o["metadata"]["name"]], o)]
+                   or not self._unchanged(existing[o["metadata"]["name"]], built, o["metadata"]["name"])]
         if self._defer(bool(changed) or not in_place):
             return 0
         if in_place:
@@ -285,6 +371,7 @@ class Publisher:
             generation = current
         else:
             generation = current + 1
+            self._desired = None  # built for the old generation: not the next pass's
             for obj in desired:
                 obj["spec"]["pool"]["generation"] = generation
                 writes += self._put(obj, existing.get(obj["metadata"]["name"]))
@@ -337,6 +424,8 @@ class Publisher:
             self.log.warning("consumable_capacity_unsupported", publishing="exclusive",
                              hint="the API server dropped allowMultipleAllocations: enable the "
                                   "DRAConsumableCapacity feature gate (on by default from 1.36)")
+        if isinstance(stored, dict) and isinstance(stored.get("metadata"), dict):
+            self.cache.stored(stored)
         if self.metrics is not None:
             self.metrics.publish_writes.inc()
         return 1
@@ -351,6 +440,7 @@ class Publisher:
         try:
             self.kube.request("DELETE", f"{self._base()}/{name}", body=options)
         except NotFound:
+            self.cache.removed(have)
             return 0
         except ApiError as err:
             if err.status != 409:
@@ -358,6 +448,7 @@ class Publisher:
             self.log.info("slice_delete_skipped", slice=name, reason="changed since listed")
             self.trigger()
             return 0
+        self.cache.removed(have)
         self.log.debug("slice_deleted", slice=name)
         if self.metrics is not None:
             self.metrics.publish_writes.inc()
@@ -402,30 +493,60 @@ class Publisher:
                 self._wake.clear()
         finally:
             self._stop.set()
+            self.cache.invalidate()  # nothing keeps it true now
 
     def _watch_loop(self) -> None:
-        """Blocking watch in a thread; any event about our slices wakes the reconciler."""
+        """Blocking list-then-watch in a thread: keeps `cache` and wakes the reconciler on
+        every change to our slices."""
         failures = 0
         while not self._stop.is_set():
             if self.api_version is None:
                 self._stop.wait(0.2)
                 continue
             try:
-                query = {**self._selector(), "watch": "1", "timeoutSeconds": str(WATCH_SECONDS),
-                         "allowWatchBookmarks": "false"}
-                for _event in self.kube.stream(self._base(), query, timeout=WATCH_SECONDS + 10):
+                if not self.cache.synced:
+                    items, version = self._list()
+                    self.cache.replace(items, version)
+                    self.trigger()
+                query = {**self._selector(), "watch": "1", "timeoutSeconds": str(self.watch_seconds),
+                         "allowWatchBookmarks": "true"}
+                if self.cache.resource_version:
+                    query["resourceVersion"] = self.cache.resource_version
+                for event in self.kube.stream(self._base(), query, timeout=self.watch_seconds + 10):
                     failures = 0
                     if self._stop.is_set():
                         return
-                    self.trigger()
-                # A watch that ended normally: events may have been missed in between.
-                self.trigger()
+                    if self._watched(event):
+                        self.trigger()
+                # Ended by the server (timeoutSeconds) or by an ERROR event: resume from the
+                # version seen last, or LIST again when the copy was invalidated.
             except ApiError as err:
                 failures += 1
+                self.cache.invalidate()
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** failures) * self._rng.uniform(0.5, 1.0)
                 self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
                 self._stop.wait(delay)
                 self.trigger()
+
+    def _watched(self, event: Any) -> bool:
+        """Apply one watch event to the copy; True when it is about one of our slices."""
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            return False
+        if kind == "ERROR":
+            # 410 Expired: the version we resume from is older than the server keeps.
+            self.log.info("slice_watch_expired", reason=obj.get("reason"), code=obj.get("code"))
+            self.cache.invalidate()
+            self.trigger()
+            return False
+        if kind == "BOOKMARK":
+            self.cache.event(kind, obj)
+            return False
+        if kind not in ("ADDED", "MODIFIED", "DELETED") or not self._ours(obj):
+            return False
+        self.cache.event(kind, obj)
+        return True
 
 
 def _updated(live: dict, desired: dict) -> dict:

@@ -4,6 +4,8 @@ faults, version negotiation, scale, and hotplug-driven republishing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import random
 import threading
 import time
 
@@ -12,8 +14,9 @@ import pytest
 
 from driver.devices import mock
 from driver.devices.discovery import discover
+from driver.devices.model import DeviceKind, Inventory
 from driver.hotplug import Rediscovery
-from driver.kube import Kube, api_client
+from driver.kube import ApiError, Kube, api_client
 from driver.publisher import Publisher
 from driver.sim.apiserver import ApiServer, Fault
 from driver.sim.k8s_limits import slice_errors
@@ -405,3 +408,158 @@ def test_an_older_instance_stands_by_while_a_newer_one_publishes(api, tmp_path):
     assert old.reconcile() == 1
     assert "newAttribute" not in devices_in_api(api)["gpu-0000-11-00-0"]["attributes"]
     old_instance.release()
+
+
+# -- the watch-fed copy of our slices (driver/slicecache.py) ------------------------------------
+
+def watch_events(api, tmp_path, **query) -> list[dict]:
+    kube = Kube(api_client(api.kubeconfig(tmp_path)))
+    params = {"fieldSelector": f"spec.nodeName={NODE}", "watch": "1", "timeoutSeconds": "1", **query}
+    return list(kube.stream("/apis/resource.k8s.io/v1/resourceslices", params, timeout=5))
+
+
+def test_the_emulator_watch_starts_resumes_and_expires_as_the_server_does(api, tmp_path):
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.reconcile()
+    names = sorted(api.state.slices)
+    # No resourceVersion: the current state as ADDED events first.
+    events = watch_events(api, tmp_path, allowWatchBookmarks="true")
+    assert [e["type"] for e in events] == ["ADDED"] * 3 + ["BOOKMARK"]
+    assert sorted(e["object"]["metadata"]["name"] for e in events[:3]) == names
+    bookmark = events[-1]["object"]["metadata"]["resourceVersion"]
+    assert bookmark == str(api.state.resource_version)
+    # From a version: only what happened after it; a deletion at its own version.
+    api.delete_slice(names[0])
+    events = watch_events(api, tmp_path, resourceVersion=bookmark)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", names[0])]
+    assert int(events[0]["object"]["metadata"]["resourceVersion"]) > int(bookmark)
+    # Compacted away: one ERROR event with a 410 Status, then the server ends the watch.
+    api.compact()
+    events = watch_events(api, tmp_path, resourceVersion=bookmark)
+    assert [e["type"] for e in events] == ["ERROR"]
+    assert events[0]["object"]["code"] == 410 and events[0]["object"]["reason"] == "Expired"
+
+
+def test_no_change_reconciles_list_nothing_while_the_watch_runs(api, built, tmp_path):
+    _, result = built("sriov-large")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.resync_seconds = 3600
+    with Running(publisher.run):
+        assert api.wait_for(lambda: len(api.state.slices) == 16, timeout=30)
+        assert wait_until(lambda: publisher.cache.synced)
+        time.sleep(0.3)
+        lists, requests = publisher.stats.lists, api.state.requests
+        api.reset_writes()
+        for _ in range(5):
+            assert publisher.reconcile() == 0
+        assert publisher.stats.lists == lists, "the watch's copy, not a LIST"
+        assert api.state.requests == requests, "not one request to the API server"
+        # The copy is not blind: an outside edit arrives through the watch and is repaired.
+        api.edit_slice(f"{NODE}-{DRIVER}-nic-3", lambda s: s["spec"]["devices"][0].pop("attributes"))
+        assert api.wait_for(lambda: ("update", f"{NODE}-{DRIVER}-nic-3") in api.writes(), timeout=10)
+        time.sleep(0.5)
+        assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-3")]
+        assert publisher.stats.lists == lists and publisher.stats.failures == 0
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_resumed_watch_misses_nothing_and_an_expired_one_lists_again(api, tmp_path):
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.resync_seconds = 3600  # only the watch can repair in time
+    publisher.watch_seconds = 1  # the server ends each watch after 1 s: we resume
+    api.add_node("node-b")
+    other = Publisher(publisher.kube, DRIVER, "node-b", inventory=lambda: result.inventory)
+    with Running(publisher.run):
+        assert api.wait_for(lambda: len(api.state.slices) == 3)
+        time.sleep(2.5)  # two resumed watches
+        assert publisher.cache.lists == 1
+        api.delete_slice(f"{NODE}-{DRIVER}-gpu-0")
+        assert api.wait_for(lambda: f"{NODE}-{DRIVER}-gpu-0" in api.state.slices, timeout=5)
+        assert publisher.cache.lists == 1, "resumed from its version, no LIST"
+        # A quiet watch on a busy cluster: without bookmarks its version falls behind
+        # what the server keeps, and the resume gets 410 Expired.
+        api.state.bookmarks = False
+        time.sleep(1.5)
+        other.reconcile()  # events our field selector does not pass
+        api.compact()
+        assert wait_until(lambda: publisher.cache.lists == 2, timeout=5), "listed again after 410"
+        api.edit_slice(f"{NODE}-{DRIVER}-nic-0", lambda s: s["spec"]["devices"].pop())
+        assert api.wait_for(lambda: len(devices_in_api_of(api, NODE)) == len(result.inventory.devices),
+                            timeout=5)
+    assert publisher.stats.failures == 0
+
+
+def devices_in_api_of(api, node) -> set[str]:
+    return {d["name"] for s in api.slices() if s["spec"]["nodeName"] == node for d in s["spec"]["devices"]}
+
+
+def test_a_stale_copy_costs_one_conflict_then_a_list(api, tmp_path):
+    """Were the copy ever behind the server (a watch event still in flight), the update it
+    leads to fails its resourceVersion check, and the next pass LISTs and converges."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    holder = Holder(result.inventory)
+    publisher = make_publisher(api, tmp_path, holder)
+    publisher.reconcile()
+    items, version = publisher._list()
+    publisher.cache.replace(items, version)  # as the watch would
+    name = f"{NODE}-{DRIVER}-nic-0"
+    api.edit_slice(name, lambda s: s["spec"]["devices"].pop())  # its event never arrives
+    # Our next change is to that slice: the update carries the copy's resourceVersion.
+    nic = next(d for d in result.inventory.devices if d.kind is DeviceKind.NIC)
+    changed = dataclasses.replace(nic, attributes={**nic.attributes, "model": "changed"})
+    holder.inventory = Inventory(tuple(changed if d is nic else d for d in result.inventory.devices),
+                                 result.inventory.counter_sets)
+    with pytest.raises(ApiError, match="409"):
+        publisher.reconcile()
+    lists = publisher.stats.lists
+    assert publisher.reconcile() >= 1 and publisher.stats.lists == lists + 1
+    assert publisher.reconcile() == 0
+    assert make_publisher(api, tmp_path, holder).reconcile() == 0, "the server has what we want"
+
+
+def test_random_outside_changes_and_inventories_converge(api, tmp_path):
+    """Deletes, edits and inventory changes at random while the watch runs: the server
+    ends where a fresh process would leave it, and the copy equals the server."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    holder = Holder(result.inventory)
+    publisher = make_publisher(api, tmp_path, holder)
+    publisher.watch_seconds = 1
+    rng = random.Random(1234)
+    devices = list(result.inventory.devices)
+    with Running(publisher.run):
+        assert api.wait_for(lambda: len(api.state.slices) == 3)
+        for _ in range(40):
+            names = sorted(api.state.slices)
+            action = rng.choice(["delete", "edit", "inventory", "sleep"])
+            try:
+                if action == "delete" and names:
+                    api.delete_slice(rng.choice(names))
+                elif action == "edit" and names:
+                    api.edit_slice(rng.choice(names), lambda s: s["spec"].get("devices", [None]).pop()
+                                   if s["spec"].get("devices") else None)
+            except KeyError:
+                pass  # the publisher deleted it meanwhile
+            if action == "inventory":
+                holder.inventory = Inventory(tuple(rng.sample(devices, rng.randint(1, len(devices)))),
+                                             result.inventory.counter_sets)
+                publisher.trigger()
+            time.sleep(rng.uniform(0, 0.15))
+        final = holder.inventory
+        assert wait_until(lambda: devices_in_api_of(api, NODE) == {d.name for d in final.devices}, 15)
+        time.sleep(1.0)
+        with api.state.lock:
+            server = {n: s["metadata"]["resourceVersion"] for n, s in api.state.slices.items()}
+        assert wait_until(lambda: {n: s["metadata"]["resourceVersion"]
+                                   for n, s in (publisher.cache.snapshot() or {}).items()} == server, 5)
+    api.reset_writes()
+    assert make_publisher(api, tmp_path, Holder(final)).reconcile() == 0 and api.writes() == []

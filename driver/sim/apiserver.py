@@ -64,6 +64,12 @@ class State:
     requests: int = 0
     access: set = field(default_factory=set)  # (verb, apiGroup, resource): what RBAC must allow
     watchers: list = field(default_factory=list)
+    # Slice events by resourceVersion, for watches that resume from one; the real server
+    # keeps a window too (etcd compaction, the watch cache) and answers an older one with
+    # 410 Expired.
+    history: list = field(default_factory=list)
+    compacted: int = 0  # watches from an older resourceVersion get 410 Expired
+    bookmarks: bool = True  # a watch that asks for bookmarks ends with one
     # Feature gates that change what the server keeps of a slice: a disabled gate's
     # fields are dropped on write without an error, as the real server does.
     gates: dict[str, bool] = field(default_factory=lambda: {"DRAConsumableCapacity": True,
@@ -166,6 +172,12 @@ class ApiServer:
             obj["metadata"]["resourceVersion"] = str(self.state.resource_version)
             _notify(self.state, "MODIFIED", obj)
 
+    def compact(self) -> None:
+        """What etcd compaction does to watches: none may resume from before now."""
+        with self.state.lock:
+            self.state.history.clear()
+            self.state.compacted = self.state.resource_version
+
     def wait_for(self, predicate, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         with self.state.changed:
@@ -177,8 +189,17 @@ class ApiServer:
         return True
 
 
+HISTORY = 1000  # slice events kept for resuming watches
+
+
 def _notify(state: State, kind: str, obj: dict) -> None:
     event = {"type": kind, "object": copy.deepcopy(obj)}
+    if kind == "DELETED":  # the real server reports a deletion at the deletion's version
+        event["object"]["metadata"]["resourceVersion"] = str(state.resource_version)
+    state.history.append((state.resource_version, event))
+    if len(state.history) > HISTORY:
+        state.compacted = state.history[-HISTORY - 1][0]
+        del state.history[:-HISTORY]
     for watcher in list(state.watchers):
         watcher.append(event)
     state.changed.notify_all()
@@ -535,9 +556,27 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(201 if verb == "create" else 200, _as_version(stored, version))
 
     def _watch(self, version: str, query: dict) -> None:
+        """As the real server: without a resourceVersion (or "0") the watch starts with an
+        ADDED event per existing object; from a resourceVersion it sends what happened
+        after it, or one ERROR event (410 Expired) when that is older than its window;
+        with allowWatchBookmarks a BOOKMARK with the current version ends it."""
         events: list = []
         timeout = float(query.get("timeoutSeconds", 30))
+        since = query.get("resourceVersion", "")
         with self.state.lock:
+            state = self.state
+            if since in ("", "0"):
+                events += [{"type": "ADDED", "object": copy.deepcopy(s)}
+                           for _, s in sorted(state.slices.items())]
+            elif not since.isdigit():
+                return self._status(400, f"invalid resourceVersion {since!r}", "BadRequest")
+            elif int(since) < state.compacted:
+                events.append({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                    "reason": "Expired",
+                    "message": f"too old resource version: {since} ({state.compacted})"}})
+            else:
+                events += [e for rv, e in state.history if rv > int(since)]
             self.state.watchers.append(events)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -551,12 +590,19 @@ class _Handler(BaseHTTPRequestHandler):
                         self.state.changed.wait(min(0.5, max(0.0, deadline - time.monotonic())))
                     batch, events[:] = list(events), []
                 for event in batch:
+                    if event["type"] == "ERROR":
+                        self._chunk(event)
+                        deadline = 0.0  # the server ends a watch after its error
+                        break
                     if not self._selected(event["object"], query):
                         continue
-                    line = json.dumps({"type": event["type"],
-                                       "object": _as_version(event["object"], version)}).encode() + b"\n"
-                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-                    self.wfile.flush()
+                    self._chunk({"type": event["type"], "object": _as_version(event["object"], version)})
+            if query.get("allowWatchBookmarks") in ("1", "true") and deadline and self.state.bookmarks:
+                with self.state.lock:
+                    current = str(self.state.resource_version)
+                self._chunk({"type": "BOOKMARK", "object": {
+                    "apiVersion": f"{GROUP}/{version}", "kind": "ResourceSlice",
+                    "metadata": {"resourceVersion": current}}})
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
@@ -564,6 +610,11 @@ class _Handler(BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.watchers.remove(events)
             self.close_connection = True
+
+    def _chunk(self, event: dict) -> None:
+        line = json.dumps(event).encode() + b"\n"
+        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        self.wfile.flush()
 
 
 def _labels_match(obj: dict, selector: str) -> bool:
