@@ -27,6 +27,7 @@ from driver.checkpoint import Checkpoint, read_boot_id
 from driver.claims import ClaimReader
 from driver.claimstatus import StatusWriter
 from driver.config import Config
+from driver.devices import fingerprint
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
 from driver.devices.nvlibs import DriverFiles
@@ -126,6 +127,7 @@ class Plugin:
         def sources():
             return node.sources(config, settings.mig_mode, mig_records.owned)
 
+        baseline = fingerprint.fingerprint(node.sysfs)  # before: a change after it shows later
         result = discover(sources())
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
@@ -192,7 +194,10 @@ class Plugin:
 
         rediscovery = Rediscovery(discover=lambda: discover(sources()),
                                   on_change=changed, current=result,
-                                  interval=config.rediscover_interval)
+                                  interval=config.rediscover_interval,
+                                  incremental=lambda previous, what: discover(sources(), previous, what),
+                                  scan=lambda: fingerprint.fingerprint(node.sysfs),
+                                  diff=fingerprint.changes, baseline=baseline)
         health.on_loss = rediscovery.notify
         prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
         metrics.watch_state(

@@ -44,7 +44,7 @@ import structlog
 from kubernetes.utils import parse_quantity
 
 from driver import slices
-from driver.devices.model import Inventory
+from driver.devices.model import Device, Inventory
 from driver.kube import ApiError, Kube, NotFound
 from driver.slicecache import SliceCache
 from driver.slices import API_GROUP, PoolIdentity
@@ -112,7 +112,7 @@ def _node_owners(obj: dict) -> list:
     return [r for r in refs if isinstance(r, dict) and r.get("kind") == "Node"]
 
 
-def _content(obj: dict) -> dict:
+def _content(obj: dict, device: Callable[[dict], dict] = _device) -> dict:
     """What we own in a slice, normalized: everything but the pool generation."""
     spec = obj.get("spec") or {}
     pool = dict(spec.get("pool") or {})
@@ -121,7 +121,7 @@ def _content(obj: dict) -> dict:
         "driver": spec.get("driver"),
         "nodeName": spec.get("nodeName"),
         "pool": pool,
-        "devices": [_device(d) for d in spec.get("devices") or []],
+        "devices": [device(d) for d in spec.get("devices") or []],
         "sharedCounters": spec.get("sharedCounters") or [],
         "owners": _node_owners(obj),
     }
@@ -208,6 +208,9 @@ class Publisher:
         self.cache = SliceCache()
         self._relist = False  # the last reconcile failed: do not trust the copy
         self._desired: _Desired | None = None  # the last build
+        # device name -> (device, how it was published, its entry, the entry normalized):
+        # after one VF changed, a build makes one entry, not 2,048.
+        self._entries: dict[str, tuple[Device, tuple, dict, dict]] = {}
         self._listed: dict[str, _Listed] = {}
 
     # -- triggers ------------------------------------------------------------------------
@@ -318,8 +321,26 @@ class Publisher:
         built = self._desired
         if built is not None and built.inputs[0] is inventory and built.inputs[1:] == inputs[1:]:
             return built
-        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout)
-        self._desired = _Desired(inputs, desired, {o["metadata"]["name"]: _content(o) for o in desired},
+        entries: dict[str, tuple[Device, tuple, dict, dict]] = {}
+        normalized: dict[int, dict] = {}
+
+        def entry(device: Device, api_version: str, device_taints: Sequence[dict], how: str) -> dict:
+            key = (api_version, how, copy.deepcopy(list(device_taints)))
+            known = self._entries.get(device.name)
+            if known is None or known[0] is not device or known[1] != key:
+                body = slices.device_body(device, api_version, device_taints, how)
+                known = (device, key, body, _device(body))
+            entries[device.name] = known
+            normalized[id(known[2])] = known[3]
+            return known[2]
+
+        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout, entry)
+        self._entries = entries  # devices gone are forgotten
+
+        def device(body: dict) -> dict:
+            return normalized.get(id(body)) or _device(body)
+
+        self._desired = _Desired(inputs, desired, {o["metadata"]["name"]: _content(o, device) for o in desired},
                                  _partition(desired))
         return self._desired
 

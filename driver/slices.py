@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from driver import names, quantity
 from driver.devices.model import AttributeValue, Device, DeviceKind, Inventory, Version
@@ -121,10 +121,13 @@ def build(
     taints: Mapping[str, Sequence[dict]] | None = None,
     sharing: str = EXCLUSIVE,
     layout: str | None = SPLIT,
+    body: Callable[[Device, str, Sequence[dict], str], dict] | None = None,
 ) -> list[dict]:
     """The complete set of slices for the node's pool at one generation. `layout`: where
     partitionable devices' counters go (COMBINED for 1.34 servers, SPLIT from 1.35); None
-    where the server has no shared counters: such devices are left out."""
+    where the server has no shared counters: such devices are left out. `body`: what
+    makes a device's entry (device_body; the publisher passes one that remembers)."""
+    body = body or device_body
     if api_version not in API_VERSIONS:
         raise ValueError(f"unsupported resource.k8s.io version {api_version!r}")
     taints = taints or {}
@@ -159,8 +162,7 @@ def build(
                 {"name": name, "counters": {k: {"value": v} for k, v in sorted(
                     inventory.counter_sets[name].items())}} for name in counter_sets]
         if devices or not counter_sets:
-            spec["devices"] = [device_body(d, api_version, taints.get(d.name, ()), sharing)
-                               for d in devices]
+            spec["devices"] = [body(d, api_version, taints.get(d.name, ()), sharing) for d in devices]
         slices.append({"apiVersion": f"{API_GROUP}/{api_version}", "kind": "ResourceSlice",
                        "metadata": metadata, "spec": spec})
     return slices

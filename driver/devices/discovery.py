@@ -1,4 +1,12 @@
-"""One call that turns a node (real or mock) into an Inventory, logging what it skipped."""
+"""One call that turns a node (real or mock) into an Inventory, logging what it skipped.
+
+Given the previous result and what changed since (`Changes`: the PCI functions and
+interfaces uevents named, or that driver/devices/fingerprint.py found different), PCI
+functions and NICs are read again only where they changed; the rest is taken from the
+previous result. NVML and FPGA discovery always run whole: they are few devices. The
+result equals a full discovery's (tests/test_rediscovery.py compares both after random
+hotplug sequences).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ import structlog
 from driver.devices import net, pci
 from driver.devices.fpga import AlveoDiscovery, DflDiscovery
 from driver.devices.model import Device, Inventory
-from driver.devices.net import NicDiscovery, NicFilter
+from driver.devices.net import NicDiscovery, NicFilter, NicMemo
 from driver.devices.nvml import NvmlDiscovery
 from driver.devices.pciids import PciIds
 from driver.devices.problems import Problems
@@ -32,6 +40,28 @@ class Sources:
 
 
 @dataclass(frozen=True)
+class Changes:
+    """What changed since the previous discovery, by name."""
+
+    functions: frozenset[str] = frozenset()  # PCI addresses
+    interfaces: frozenset[str] = frozenset()  # network interface names
+
+    def __or__(self, other: "Changes") -> "Changes":
+        return Changes(self.functions | other.functions, self.interfaces | other.interfaces)
+
+    def __bool__(self) -> bool:
+        return bool(self.functions or self.interfaces)
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """What the next discovery may take from this one instead of reading it again."""
+
+    functions: dict[str, pci.PciFunction]
+    nics: NicMemo
+
+
+@dataclass(frozen=True)
 class DiscoveryResult:
     inventory: Inventory
     problems: Problems
@@ -42,12 +72,19 @@ class DiscoveryResult:
     # might carry the default route).
     nics_withheld_routing_unknown: int = 0
     nvidia_gpus_on_pci: int = 0  # NVIDIA display/3D functions in sysfs, whatever NVML says
+    reusable: Reusable | None = field(default=None, compare=False, repr=False)
 
 
 NVIDIA_VENDOR = 0x10DE
 
 
-def discover(sources: Sources) -> DiscoveryResult:
+def discover(sources: Sources, previous: DiscoveryResult | None = None,
+             changes: Changes | None = None) -> DiscoveryResult:
+    """A full discovery; with `previous` and `changes`, one that reads again only the PCI
+    functions and interfaces `changes` names (and their SR-IOV relatives) and those that
+    appeared."""
+    reuse = previous.reusable if previous is not None and changes is not None else None
+    fresh = _relatives(sources.sysfs, previous, changes) if reuse is not None else frozenset()
     problems = Problems()
     devices: list[Device] = []
     nvml_unavailable = "the nvidia-ml-py package is not installed"
@@ -63,20 +100,42 @@ def discover(sources: Sources) -> DiscoveryResult:
 
     # Every PCI function is read once here and shared: on a node with thousands of VFs,
     # reading them again per subsystem doubled the cost of each rediscovery.
-    functions, unreadable = pci.read_all(sources.sysfs)
+    functions, unreadable = pci.read_all(sources.sysfs, reuse.functions if reuse else None, fresh)
     for bdf, error in unreadable.items():
         # Only fatal for a device we would have published; NIC and DFL discovery report
         # their own devices by name.
         problems.note(bdf, error)
     devices += AlveoDiscovery(sources.sysfs, sources.pci_ids).discover(list(functions.values()), problems)
     devices += DflDiscovery(sources.sysfs, sources.pci_ids).discover(problems)
-    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions, sources.pci_ids)
+    nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions, sources.pci_ids,
+                        reuse.nics if reuse else None, changes.interfaces if reuse else frozenset(), fresh)
     devices += nics.discover(problems)
     return DiscoveryResult(
         Inventory(tuple(devices), counter_sets), problems, tuple(nics.excluded), nvml_unavailable, driver_version,
         nics.withheld_routing_unknown,
         sum(1 for f in functions.values() if f.vendor == NVIDIA_VENDOR and f.class_code >> 16 == 0x03),
+        Reusable(functions, nics.memo),
     )
+
+
+def _relatives(sysfs: Path, previous: DiscoveryResult, changes: Changes) -> frozenset[str]:
+    """The functions to read again for `changes`: those named, the functions of the
+    interfaces named, and the physical function of every VF among them (its VF count and
+    list changed with it), as sysfs says now or, for one gone, as the last result said."""
+    fresh = set(changes.functions)
+    memo = previous.reusable.nics if previous.reusable else NicMemo()
+    for ifname in changes.interfaces:
+        known = memo.outcomes.get(ifname)
+        if known is not None and known.bdf is not None:
+            fresh.add(known.bdf)
+    pf_of = {d.pci.bus_id: d.attributes.get("pfPciBusID") for d in previous.inventory.devices
+             if d.pci is not None and d.attributes.get("pfPciBusID")}
+    for bdf in list(fresh):
+        physfn = pci.link_name(sysfs / "bus" / "pci" / "devices" / bdf / "physfn")
+        for pf in (physfn, pf_of.get(bdf)):
+            if isinstance(pf, str):
+                fresh.add(pf)
+    return frozenset(fresh)
 
 
 def log_result(

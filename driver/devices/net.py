@@ -11,14 +11,14 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver import names
 from driver.devices import pci
 from driver.devices.model import AttributeSet, Device, DeviceKind
 from driver.devices.pciids import PciIds
-from driver.devices.problems import DeviceError, Problems
+from driver.devices.problems import DeviceError, Problem, Problems
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
 
@@ -115,10 +115,57 @@ def default_route_interfaces(proc: Path) -> set[str] | None:
     return found
 
 
+@dataclass(frozen=True)
+class NicOutcome:
+    """What discovery made of one interface, kept for the next discovery to reuse."""
+
+    ifname: str
+    link: str | None  # its /sys/class/net symlink's target: where it sits
+    bdf: str | None  # None: not a PCI function's interface (virtual, USB, dangling)
+    device: Device | None = None
+    excluded: str | None = None  # the reason it is not published
+    withheld: bool = False  # excluded because the routing table is unreadable
+    problems: tuple[Problem, ...] = ()
+
+
+@dataclass
+class NicMemo:
+    """The last NIC discovery, by interface; reusable while its inputs are unchanged."""
+
+    outcomes: dict[str, NicOutcome] = field(default_factory=dict)
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # bdf -> ifnames, port order
+    shared: tuple = ()  # (default-route interfaces, filter): every NIC reads them
+    uverbs: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # entry -> (link, ibdev)
+
+
+def _readlink(path: str) -> str | None:
+    # Strings, not Paths: called for every interface and uverbs entry of every discovery,
+    # where pathlib's object building cost more than the system call.
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _owner(link: str | None) -> str | None:
+    """The PCI function of a uverbs entry, from its link (`.../0000:17:00.2/infiniband_verbs/uverbs3`)."""
+    parts = (link or "").split("/")
+    for part in reversed(parts):
+        if pci.BDF.match(part):
+            return part
+    return None
+
+
 class NicDiscovery:
+    """With `previous` (the last run's memo), an interface is rebuilt only when its link,
+    its function's group of interfaces, or an input every NIC reads changed, or when
+    `fresh_interfaces`/`fresh_functions` (what uevents named) name it or its function."""
+
     def __init__(self, sysfs: Path, proc: Path, nic_filter: NicFilter,
                  functions: dict[str, pci.PciFunction] | None = None,
-                 pci_ids: PciIds | None = None) -> None:
+                 pci_ids: PciIds | None = None, previous: NicMemo | None = None,
+                 fresh_interfaces: frozenset[str] = frozenset(),
+                 fresh_functions: frozenset[str] = frozenset()) -> None:
         self.sysfs = sysfs
         self.pci_ids = pci_ids or PciIds(())
         self.proc = proc
@@ -127,6 +174,10 @@ class NicDiscovery:
         self.excluded: list[tuple[str, str]] = []  # (interface, reason), for the caller's log
         self.withheld_routing_unknown = 0  # NICs not published because routes are unreadable
         self._vf_indices: dict[Path, dict[Path, int]] = {}  # PF path -> {VF path: index}
+        self.previous = previous or NicMemo()
+        self.fresh_interfaces = fresh_interfaces
+        self.fresh_functions = fresh_functions
+        self.memo = NicMemo()  # this run's, for the next
 
     def discover(self, problems: Problems) -> list[Device]:
         class_net = self.sysfs / "class" / "net"
@@ -137,46 +188,100 @@ class NicDiscovery:
         devices_root = (self.sysfs / "devices").resolve()
         virtual = devices_root / "virtual"
         by_function: dict[str, list[str]] = defaultdict(list)
+        outcomes = self.memo.outcomes
+        links: dict[str, str | None] = {}  # interfaces found (again) to be a function's
+        net_dir = str(class_net)
         for ifname in interfaces:
+            link = _readlink(f"{net_dir}/{ifname}")
+            known = self.previous.outcomes.get(ifname)
+            if (known is not None and link is not None and known.link == link
+                    and ifname not in self.fresh_interfaces):
+                if known.bdf is None:
+                    outcomes[ifname] = known
+                    problems.items.extend(known.problems)
+                else:
+                    by_function[known.bdf].append(ifname)
+                continue
             resolved = (class_net / ifname).resolve()
             if resolved.is_relative_to(virtual):
+                outcomes[ifname] = NicOutcome(ifname, link, None)
                 continue
             device_link = class_net / ifname / "device"
             if not device_link.exists():
+                found = ()
                 if device_link.is_symlink():
-                    problems.skip(ifname, f"dangling device link {device_link}")
+                    found = (Problem(ifname, f"dangling device link {device_link}", skipped=True),)
+                    problems.items.extend(found)
+                outcomes[ifname] = NicOutcome(ifname, link, None, problems=found)
                 continue
             bdf = pci.bdf_of(self.sysfs, device_link.resolve(), devices_root)
-            if bdf is None:
-                continue  # not PCI (USB, platform): nothing we can hand to a pod safely
+            if bdf is None:  # not PCI (USB, platform): nothing we can hand to a pod safely
+                outcomes[ifname] = NicOutcome(ifname, link, None)
+                continue
             by_function[bdf].append(ifname)
+            links[ifname] = link
 
         uverbs = self._uverbs_by_ibdev()
+        # A uverbs device belongs to one function's RDMA device: one that came, went or
+        # moved makes that function's NICs be read again, not every NIC.
+        moved = {e for e in self.memo.uverbs.keys() | self.previous.uverbs.keys()
+                 if self.memo.uverbs.get(e) != self.previous.uverbs.get(e)}
+        owners = {_owner(self.memo.uverbs.get(e, self.previous.uverbs.get(e))[0]) for e in moved}
         default_route = default_route_interfaces(self.proc)
+        self.memo.shared = (default_route, self.filter)
+        shared_unchanged = self.previous.shared == self.memo.shared and None not in owners
         devices: list[Device] = []
         for bdf, ifnames in sorted(by_function.items()):
+            known_order = self.previous.groups.get(bdf)
+            if (shared_unchanged and bdf not in self.fresh_functions and bdf not in owners
+                    and bdf in self.functions
+                    and known_order is not None and sorted(known_order) == ifnames
+                    and not any(i in links for i in ifnames)):
+                # Nothing this function's interfaces read changed: last run's outcomes.
+                self.memo.groups[bdf] = known_order
+                for ifname in known_order:
+                    self._record(self.previous.outcomes[ifname], problems, devices)
+                continue
             try:
                 function = self.functions.get(bdf) or pci.read_function(self.sysfs, bdf, devices_root)
             except DeviceError as err:
-                problems.skip(", ".join(ifnames), str(err))
+                problems.skip(", ".join(ifnames), str(err))  # not kept: read again next time
                 continue
             # dev_port only matters (and is only read) when one function has several netdevs.
             ports = sorted(ifnames, key=lambda n: (self._dev_port(n), n)) if len(ifnames) > 1 else ifnames
+            self.memo.groups[bdf] = tuple(ports)
             for ifname in ports:
-                reason = self.filter.reason_to_skip(ifname, function, default_route)
-                if reason:
-                    self.excluded.append((ifname, reason))
-                    if default_route is None and reason.startswith(ROUTING_UNKNOWN):
-                        self.withheld_routing_unknown += 1
-                    continue
-                name = names.label_from_pci("nic", bdf)
-                if len(ports) > 1:
-                    name = f"{name}-port{self._dev_port(ifname)}"
-                try:
-                    devices.append(self._nic(name, ifname, function, uverbs, problems))
-                except (DeviceError, ValueError) as err:
-                    problems.skip(name, f"interface {ifname}: {err}")
+                found = Problems()
+                outcome = self._outcome(ifname, bdf, ports, function, uverbs, default_route, found)
+                link = links[ifname] if ifname in links else self.previous.outcomes[ifname].link
+                outcome = NicOutcome(ifname, link, bdf, *outcome, tuple(found.items))
+                self._record(outcome, problems, devices)
         return devices
+
+    def _record(self, outcome: NicOutcome, problems: Problems, devices: list[Device]) -> None:
+        self.memo.outcomes[outcome.ifname] = outcome
+        problems.items.extend(outcome.problems)
+        if outcome.excluded is not None:
+            self.excluded.append((outcome.ifname, outcome.excluded))
+            if outcome.withheld:
+                self.withheld_routing_unknown += 1
+        if outcome.device is not None:
+            devices.append(outcome.device)
+
+    def _outcome(self, ifname: str, bdf: str, ports: list[str], function: pci.PciFunction,
+                 uverbs: dict[str, str], default_route: set[str] | None,
+                 problems: Problems) -> tuple[Device | None, str | None, bool]:
+        reason = self.filter.reason_to_skip(ifname, function, default_route)
+        if reason:
+            return None, reason, default_route is None and reason.startswith(ROUTING_UNKNOWN)
+        name = names.label_from_pci("nic", bdf)
+        if len(ports) > 1:
+            name = f"{name}-port{self._dev_port(ifname)}"
+        try:
+            return self._nic(name, ifname, function, uverbs, problems), None, False
+        except (DeviceError, ValueError) as err:
+            problems.skip(name, f"interface {ifname}: {err}")
+            return None, None, False
 
     def _dev_port(self, ifname: str) -> int:
         value = pci.read_int(self.sysfs / "class" / "net" / ifname / "dev_port")
@@ -192,7 +297,12 @@ class NicDiscovery:
         for entry in entries:
             if not entry.startswith("uverbs"):
                 continue
-            ibdev = pci.read_text(directory / entry / "ibdev")
+            # A uverbs entry's ibdev is fixed while its link (the device it belongs to) is.
+            link = _readlink(f"{directory}/{entry}")
+            known = self.previous.uverbs.get(entry)
+            ibdev = known[1] if known is not None and link is not None and known[0] == link \
+                else pci.read_text(directory / entry / "ibdev")
+            self.memo.uverbs[entry] = (link, ibdev)
             if ibdev:
                 mapping[ibdev] = entry
         return mapping

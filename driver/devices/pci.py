@@ -106,12 +106,22 @@ def bdf_of(sysfs: Path, path: Path, devices_root: Path | None = None) -> str | N
     return None
 
 
-def read_all(sysfs: Path) -> tuple[dict[str, PciFunction], dict[str, str]]:
-    """Every PCI function sysfs lists, read once: (functions by address, errors by address)."""
+def read_all(sysfs: Path, known: dict[str, PciFunction] | None = None,
+             fresh: frozenset[str] | None = None) -> tuple[dict[str, PciFunction], dict[str, str]]:
+    """Every PCI function sysfs lists, read once: (functions by address, errors by address).
+
+    With `known` (the last discovery's functions), a function still listed is taken from it
+    unless `fresh` names it: what a function reads here (identity, driver, NUMA node, place
+    in the tree) changes only with a uevent for it, and `fresh` is what uevents named."""
     devices_root = (sysfs / "devices").resolve()
     functions: dict[str, PciFunction] = {}
     errors: dict[str, str] = {}
+    known = known or {}
+    fresh = fresh or frozenset()
     for bdf in list_functions(sysfs):
+        if bdf in known and bdf not in fresh:
+            functions[bdf] = known[bdf]
+            continue
         try:
             functions[bdf] = read_function(sysfs, bdf, devices_root)
         except DeviceError as err:

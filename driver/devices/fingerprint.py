@@ -1,0 +1,75 @@
+"""A cheap summary of what discovery reads, so that periodic rediscovery reads again only
+what differs.
+
+Periodic rediscovery is the safety net for changes no uevent announced: a link that went
+down, an MTU or address set, a uevent lost while the netlink socket was full. Reading
+everything again for that cost ~1.2 s of CPU a minute on a node of 2,048 VFs. This reads,
+per PCI function, where it sits, its device ID and its driver (links and one small file),
+and per interface where it sits and the attributes that change under a running driver
+(address, MTU, operstate, speed); everything else a function or an interface publishes
+stays fixed while those do (it changes with a remove and add, which changes the listing).
+The inputs every NIC reads (the uverbs devices, the default routes) are compared inside
+discovery itself.
+
+`changes(old, new)` turns two fingerprints into the `Changes` discovery takes. NVML and
+FPGA discovery are not summarized: they always run (a handful of devices).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from driver.devices import pci
+from driver.devices.discovery import Changes
+
+_NET_ATTRIBUTES = ("address", "mtu", "operstate", "speed")
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(256)
+    except OSError:  # EINVAL for speed of a down link, ENOENT, EACCES
+        return None
+
+
+def _listing(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+Fingerprint = tuple[dict[str, tuple], dict[str, tuple]]  # (by PCI address, by interface)
+
+
+def fingerprint(sysfs: Path) -> Fingerprint:
+    functions: dict[str, tuple] = {}
+    bus = f"{sysfs}/bus/pci/devices"
+    for bdf in _listing(bus):
+        if pci.BDF.match(bdf):
+            base = f"{bus}/{bdf}"
+            functions[bdf] = (_link(base), _read(f"{base}/device"), _link(f"{base}/driver"))
+    interfaces: dict[str, tuple] = {}
+    net = f"{sysfs}/class/net"
+    for ifname in _listing(net):
+        base = f"{net}/{ifname}"
+        interfaces[ifname] = (_link(base), *(_read(f"{base}/{a}") for a in _NET_ATTRIBUTES))
+    return functions, interfaces
+
+
+def changes(old: Fingerprint, new: Fingerprint) -> Changes:
+    """What differs: added, removed or changed functions and interfaces."""
+    return Changes(_differing(old[0], new[0]), _differing(old[1], new[1]))
+
+
+def _differing(old: dict[str, tuple], new: dict[str, tuple]) -> frozenset[str]:
+    return frozenset(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
