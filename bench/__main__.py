@@ -463,10 +463,12 @@ def main() -> int:
         started = driver.start()
         reg = driver.dir / "registry" / f"{DRIVER}-reg.sock"
         wait(reg.exists, 60)
+        # wait_for_ready, not channel_ready_future: the latter added ~200 ms of its own
+        # (measured: GetInfo on an idle driver took 203 ms after it, 2 ms without).
         with grpc.insecure_channel(f"unix://{reg}") as channel:
-            grpc.channel_ready_future(channel).result(60)
-            reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=10)
-        table.value("start-up: process start -> GetInfo answered", f"{(time.perf_counter() - started) * 1000:.0f} ms")
+            reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=10, wait_for_ready=True)
+        table.value("start-up: process start -> GetInfo answered", f"{(time.perf_counter() - started) * 1000:.0f} ms",
+                    "bytecode compiled at each start where PYTHONDONTWRITEBYTECODE is set; the image has it")
         kubelet = driver.kubelet()
         wait(lambda: len(api.state.slices) == 3)
         time.sleep(1.0)

@@ -3,6 +3,10 @@
 We talk to three resource.k8s.io versions whose typed models differ (v1beta1 nests device
 fields under `basic`), so requests go through the client's own serialization, auth and
 connection pool, and bodies stay plain dicts that look like the YAML users read.
+
+The `kubernetes` package is imported when a client is first made, not with this module:
+importing it costs ~0.2 s (its package imports every API model), and the plugin offers its
+registration socket before it needs the API server (`Kube.deferred`).
 """
 
 from __future__ import annotations
@@ -11,12 +15,10 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import urllib3
 import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from driver.slices import API_GROUP, API_VERSIONS
 
@@ -37,7 +39,11 @@ class ClientConfigError(Exception):
     """No usable API server configuration; the message says which file or why, with a hint."""
 
 
-def api_client(kubeconfig: Path | None, connections: int = 16) -> k8s.ApiClient:
+def api_client(kubeconfig: Path | None, connections: int = 16) -> Any:
+    """A kubernetes.client.ApiClient for `kubeconfig`, or the in-cluster configuration."""
+    from kubernetes import client as k8s  # noqa: PLC0415 - see the module docstring
+    from kubernetes import config as k8s_config  # noqa: PLC0415
+
     configuration = k8s.Configuration()
     if kubeconfig is not None:
         try:
@@ -63,27 +69,53 @@ def api_client(kubeconfig: Path | None, connections: int = 16) -> k8s.ApiClient:
 
 @dataclass
 class Kube:
-    client: k8s.ApiClient
+    client: Any  # kubernetes.client.ApiClient; None until `connect` made it (deferred)
     timeout: float = DEFAULT_TIMEOUT
+    make_client: Callable[[], Any] | None = None  # how a deferred Kube makes its client
     _resource_version: str | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _connecting: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @classmethod
+    def deferred(cls, kubeconfig: Path | None, connections: int = 16) -> "Kube":
+        """A Kube whose client (and the `kubernetes` import) is made by `connect`, or by
+        the first request."""
+        return cls(None, make_client=lambda: api_client(kubeconfig, connections))
+
+    def connect(self) -> None:
+        """Make the client now. Raises ClientConfigError for an unusable configuration."""
+        with self._connecting:
+            if self.client is None:
+                assert self.make_client is not None
+                self.client = self.make_client()
+
+    def _api(self, method: str, path: str) -> Any:
+        if self.client is None:
+            try:
+                self.connect()
+            except ClientConfigError as err:
+                raise ApiError(0, f"{method} {path}: {err}") from err
+        return self.client
 
     def request(self, method: str, path: str, query: dict | None = None, body: Any = None,
                 content_type: str = "application/json", timeout: float | None = None) -> Any:
+        from kubernetes.client import ApiException  # noqa: PLC0415 - imported by now: cheap
+
+        client = self._api(method, path)
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        method, url, headers, body, post = self.client.param_serialize(
+        method, url, headers, body, post = client.param_serialize(
             method, path, query_params=list((query or {}).items()), header_params=headers,
             body=body, auth_settings=["BearerToken"],
         )
         try:
-            response = self.client.call_api(method, url, header_params=headers, body=body,
+            response = client.call_api(method, url, header_params=headers, body=body,
                                             post_params=post,
                                             _request_timeout=timeout or self.timeout)
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"{method} {path}: {err}") from err
-        except k8s.ApiException as err:
+        except ApiException as err:
             raise ApiError(err.status or 0, f"{method} {path}: {err.reason}") from err
         data = response.read()
         payload = json.loads(data) if data else None
@@ -96,12 +128,13 @@ class Kube:
 
     def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
         """A watch: yields decoded events until the server closes or `timeout` passes."""
-        method, url, headers, _, _ = self.client.param_serialize(
+        client = self._api("GET", path)
+        method, url, headers, _, _ = client.param_serialize(
             "GET", path, query_params=list(query.items()),
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
         )
         try:
-            response = self.client.rest_client.pool_manager.request(
+            response = client.rest_client.pool_manager.request(
                 method, url, headers=headers, preload_content=False,
                 timeout=urllib3.Timeout(connect=self.timeout, read=timeout),
             )

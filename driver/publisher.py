@@ -41,9 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
-from kubernetes.utils import parse_quantity
-
-from driver import slices
+from driver import quantity, slices
 from driver.devices.model import Device, Inventory
 from driver.kube import ApiError, Kube, NotFound
 from driver.slicecache import SliceCache
@@ -74,8 +72,8 @@ _DEVICE_FIELDS = ("attributes", "capacity", "taints", "allowMultipleAllocations"
 
 def _quantity(value: Any) -> Any:
     try:
-        return parse_quantity(value)
-    except (ValueError, TypeError):
+        return quantity.parse(value)[0]
+    except quantity.QuantityError:
         return value  # not a quantity (someone else's edit): compared as it is
 
 
