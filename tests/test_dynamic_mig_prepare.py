@@ -255,9 +255,12 @@ def test_without_shared_counters_the_node_publishes_static_mig(driver):
         api.add_node("node-a")
         proc, _ = start(api)
 
+        # Between the server dropping the counters and the rediscovery in static MIG mode
+        # (debounced), the partitions are withdrawn before the MIG devices appear; the
+        # watch now repairs at once, so the test waits for the end state.
         def static() -> bool:
-            devices = [d for s in api.slices() for d in s["spec"].get("devices", [])]
-            return bool(devices) and not any("-mig-" in d["name"] for d in devices)
+            devices = {d["name"] for s in api.slices() for d in s["spec"].get("devices", [])}
+            return "mig-0000-12-00-0-gi1-ci0" in devices and not any("-mig-" in d for d in devices)
 
         assert api.wait_for(static, timeout=20), proc.log()[-2000:]
         names = {d["name"] for s in api.slices() for d in s["spec"].get("devices", [])}
