@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import structlog
 
+from driver.aio import wait_event
 from driver.devices.discovery import Changes, DiscoveryResult, log_result
 
 DEBOUNCE_QUIET = 1.0  # rediscover once no event came for this long...
@@ -91,10 +92,7 @@ class Rediscovery:
         next_periodic = time.monotonic() + self.interval
         while True:
             timeout = max(0.0, next_periodic - time.monotonic())
-            try:
-                await asyncio.wait_for(self._poke.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._poke, timeout)
             periodic = self._first_event is None
             if self._first_event is not None:
                 # Debounce: wait for quiet, but not beyond max_delay after the burst began.
@@ -104,10 +102,7 @@ class Rediscovery:
                     if wait <= 0:
                         break
                     self._poke.clear()
-                    try:
-                        await asyncio.wait_for(self._poke.wait(), wait)
-                    except asyncio.TimeoutError:
-                        pass
+                    await wait_event(self._poke, wait)
                 self._first_event = None
             elif time.monotonic() < next_periodic:
                 self._poke.clear()

@@ -370,7 +370,13 @@ class Plugin:
             await asyncio.to_thread(self.preparer.status.close)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # Bounded: a task that ignores its cancellation (a bug) must not turn a SIGTERM
+            # into a hang until the kubelet's SIGKILL; it is named so the bug gets found.
+            _, stuck = await asyncio.wait(self._tasks, timeout=GRACE_SECONDS)
+            if stuck:
+                structlog.get_logger(component="plugin").error(
+                    "tasks_not_stopped", tasks=sorted(t.get_name() for t in stuck))
         for endpoint in self.endpoints:
             endpoint.stop()
         self.instance.release()

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 from driver import quantity, slices
+from driver.aio import wait_event
 from driver.devices.model import Device, Inventory
 from driver.kube import ApiError, Kube, NotFound
 from driver.slicecache import SliceCache
@@ -503,12 +504,9 @@ class Publisher:
                     log = self.log.warning if isinstance(err, ApiError) else self.log.error
                     log("publish_failed", error=str(err) or repr(err), retry_in=round(delay, 2),
                         attempt=failures)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                if await wait_event(self._wake, delay):
                     # Coalesce bursts (our own writes echo back through the watch).
                     await asyncio.sleep(0.05)
-                except asyncio.TimeoutError:
-                    pass
                 self._wake.clear()
         finally:
             self._stop.set()

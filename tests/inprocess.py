@@ -52,6 +52,10 @@ class InProcessPlugin:
     def __exit__(self, *exc) -> None:
         try:
             self.call(self.plugin.stop())
+            # stop() gives up on a task after a grace period rather than hang; here a task
+            # that outlived it is a bug (one that swallowed its cancellation), not a pass.
+            running = [t.get_name() for t in self.plugin._tasks if not t.done()]
+            assert not running, f"tasks still running after Plugin.stop(): {running}"
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

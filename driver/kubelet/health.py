@@ -14,6 +14,7 @@ from driver._proto.health.v1 import api_pb2 as v1_pb2
 from driver._proto.health.v1 import api_pb2_grpc as v1_grpc
 from driver._proto.health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from driver.aio import wait_event
 from driver.health import HealthState
 
 # Kubelets 1.34-1.36 speak v1alpha1; newer ones v1. Both are served, newest first.
@@ -59,10 +60,7 @@ class HealthService:
         try:
             while True:
                 yield self.snapshot()
-                try:
-                    await asyncio.wait_for(changed.wait(), self.resend_seconds)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_event(changed, self.resend_seconds)
                 changed.clear()
         finally:
             unsubscribe()

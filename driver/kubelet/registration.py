@@ -14,6 +14,7 @@ import structlog
 
 from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.aio import wait_event
 
 PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # preferred first
@@ -34,9 +35,7 @@ class Registration(reg_grpc.RegistrationServicer):
     async def outcome(self, timeout: float | None) -> bool | None:
         """Wait for the kubelet's next NotifyRegistrationStatus: True (registered), False
         (rejected), None (nothing within `timeout`)."""
-        try:
-            await asyncio.wait_for(self._notified.wait(), timeout)
-        except asyncio.TimeoutError:
+        if not await wait_event(self._notified, timeout):
             return None
         self._notified.clear()
         return self.registered.is_set()
