@@ -117,7 +117,13 @@ class Rediscovery:
     async def rediscover(self, periodic: bool = False) -> bool:
         pending, full = self._pending, self._full
         self._pending, self._full = Changes(), False
-        result = await asyncio.to_thread(self._discover, pending, full, periodic)
+        try:
+            result = await asyncio.to_thread(self._discover, pending, full, periodic)
+        except BaseException:
+            # What this run was to read again is lost with it (and a periodic pass has
+            # already moved its fingerprint past the change): the next run reads it all.
+            self._full = True
+            raise
         self.runs += 1
         previous, self.current = self.current, result
         log_result(result, structlog.get_logger(component="discovery"), previous)

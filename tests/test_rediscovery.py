@@ -168,6 +168,50 @@ def test_rediscovery_scopes_uevents_and_fingerprints_the_periodic_pass(tmp_path)
     assert seen[-1] == discover(sources)
 
 
+def test_a_failed_incremental_run_is_followed_by_a_full_discovery(tmp_path):
+    """The changes a failed run took are not dropped: the next run, the periodic one with
+    nothing new in its fingerprint included, reads the whole node again."""
+    root = tmp_path / "node"
+    node = build(root, (2, 0, 0))
+    sources = node.sources()
+    first = discover(sources)
+    failures = [OSError("sysfs read failed")]
+
+    def incremental(previous, what):
+        if failures:
+            raise failures.pop()
+        return discover(sources, previous, what)
+
+    seen = []
+    rediscovery = Rediscovery(lambda: discover(sources), seen.append, first, interval=3600,
+                              incremental=incremental,
+                              scan=lambda: fingerprint.fingerprint(sources.sysfs),
+                              diff=fingerprint.changes,
+                              baseline=fingerprint.fingerprint(sources.sysfs))
+
+    async def scenario():
+        rediscovery._loop, rediscovery._poke = asyncio.get_running_loop(), asyncio.Event()
+        before = listing(sources.sysfs)
+        build(root, (3, 0, 0))
+        for bdf in uevents(before, listing(sources.sysfs)).functions:
+            rediscovery.notify("pci", "add", bdf)
+        await asyncio.sleep(0)  # notify hands its change over through the loop
+        try:
+            await rediscovery.rediscover()
+        except OSError:
+            pass
+        else:
+            raise AssertionError("the incremental run was to fail")
+        assert seen == [] and rediscovery.full_runs == 0
+        # The periodic pass: its fingerprint already moved past the VF, so only a full
+        # discovery can find it.
+        assert await rediscovery.rediscover(periodic=True)
+        assert rediscovery.full_runs == 1
+
+    asyncio.run(scenario())
+    assert seen == [discover(sources)]
+
+
 async def wait_for(predicate, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
