@@ -150,14 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_plugin(config: Config) -> int:
     import asyncio
 
-    from driver.kube import ClientConfigError, Kube, api_client
+    from driver.kube import Kube
     from driver.plugin import StartupError, serve
 
-    try:
-        # Before anything logs: a bad file is one line.
-        kube = Kube(api_client(config.kubeconfig, connections=config.api_connections))
-    except ClientConfigError as err:
-        return usage_error(str(err))
+    # The client is made by the plugin, after it offered its registration socket (or
+    # before, during an upgrade); preflight has seen the kubeconfig's common mistakes.
+    kube = Kube.deferred(config.kubeconfig, connections=config.api_connections)
     try:
         return asyncio.run(serve(config, kube))
     except StartupError as err:

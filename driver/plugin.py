@@ -34,7 +34,7 @@ from driver.devices.nvlibs import DriverFiles
 from driver.health import HealthState, Prober, XidWatcher
 from driver.hotplug import Rediscovery, UeventMonitor
 from driver.instance import Instance
-from driver.kube import Kube, api_client
+from driver.kube import ClientConfigError, Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
 from driver.kubelet.registration import DRA_SERVICES, Registration
@@ -132,7 +132,7 @@ class Plugin:
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
         inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
-        kube = kube or Kube(api_client(config.kubeconfig, connections=config.api_connections))
+        kube = kube or Kube.deferred(config.kubeconfig, connections=config.api_connections)
         checkpoint = Checkpoint(config.state_dir, instance)
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 
@@ -239,14 +239,36 @@ class Plugin:
                    health, prober, metrics, Probes(ready), instance, utilization, xid)
 
     async def start(self) -> None:
+        self._listen(self.config.metrics_port, "--metrics-port", registry=self.metrics.registry)
+        self._listen(self.config.healthz_port, "--healthz-port", probes=self.probes)
+
+        # The API client (and with it the `kubernetes` import, ~0.2 s) comes after the
+        # registration socket, so that the kubelet finds a starting node's driver sooner;
+        # a prepare that arrives first makes it or waits for it (Kube.connect). During an
+        # upgrade it comes first: a new pod whose kubeconfig only the client's loader
+        # rejects must fail before it takes the registration socket from the pod that
+        # still works.
+        upgrade = bool(self.instance.peers())
+        if upgrade:
+            await self._connect()
+        dra = grpc.aio.server()
+        service.add_to_server(dra, self.preparer, self.metrics)
+        health_stream.add_to_server(dra, self.health, self.config.node_name)
+        await self._serve(dra, OwnedSocket(self.config.dra_socket, self.instance.token))
+        await self._offer_registration()
+        if not upgrade:
+            await self._connect()
+
         # Publishing, rediscovery and health run beside the servers: an unreachable API
-        # server delays slices, never prepare calls for claims already allocated.
+        # server delays slices, never prepare calls for claims already allocated. They
+        # start after the client, which the publisher and the sharing loop need at once.
         self._tasks = [
             asyncio.create_task(self.publisher.run(), name="publisher"),
             asyncio.create_task(self.rediscovery.run(), name="rediscovery"),
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self.probes.heartbeat(), name="heartbeat"),
             asyncio.create_task(self._sharing_loop(), name="sharing"),
+            asyncio.create_task(self._registration_loop(), name="registration"),
         ]
         if self.utilization is not None:
             self._tasks.append(asyncio.create_task(
@@ -256,15 +278,6 @@ class Plugin:
         if self.config.mock is None:
             self.uevents = UeventMonitor(self.rediscovery.notify)
             self.uevents.start()
-        self._listen(self.config.metrics_port, "--metrics-port", registry=self.metrics.registry)
-        self._listen(self.config.healthz_port, "--healthz-port", probes=self.probes)
-
-        dra = grpc.aio.server()
-        service.add_to_server(dra, self.preparer, self.metrics)
-        health_stream.add_to_server(dra, self.health, self.config.node_name)
-        await self._serve(dra, OwnedSocket(self.config.dra_socket, self.instance.token))
-        await self._offer_registration()
-        self._tasks.append(asyncio.create_task(self._registration_loop(), name="registration"))
         structlog.get_logger(component="plugin").info(
             "plugin_serving", driver=self.config.driver_name, node=self.config.node_name,
             dra_socket=str(self.config.dra_socket),
@@ -273,6 +286,13 @@ class Plugin:
             mock=self.config.mock.name if self.config.mock else None,
             instance=self.instance.token,
         )
+
+    async def _connect(self) -> None:
+        """Make the API client, off the loop (the import is ~0.2 s of Python)."""
+        try:
+            await asyncio.to_thread(self.kube.connect)
+        except ClientConfigError as err:
+            raise StartupError(str(err)) from err
 
     def _listen(self, port: int, option: str, **routes) -> None:
         if not port:

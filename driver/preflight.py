@@ -1,9 +1,10 @@
-"""Checks of the directories a command is about to use, before it starts.
+"""Checks of the directories and the API server configuration a command is about to
+use, before it starts.
 
 Each problem becomes one ConfigError that names the option and says what is wrong (a
-file where a directory belongs, a read-only mount, a path under /proc), instead of a
-traceback from deep inside start-up. Missing directories are created, as the kubelet's
-own directories are on a fresh node.
+file where a directory belongs, a read-only mount, a path under /proc, a kubeconfig that
+is not one), instead of a traceback from deep inside start-up. Missing directories are
+created, as the kubelet's own directories are on a fresh node.
 """
 
 from __future__ import annotations
@@ -12,10 +13,15 @@ import errno
 import os
 import socket
 from pathlib import Path
+from typing import Mapping
+
+import yaml
 
 from driver.config import ConfigError, Config
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
+# Where the in-cluster configuration of the `kubernetes` client reads its token.
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 def writable_directory(path: Path, option: str) -> None:
@@ -65,6 +71,33 @@ def port_problem(err: OSError, port: int, option: str) -> str:
             "it (pick another port, or 0 to disable)")
 
 
+def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.environ,
+                      token: Path = SERVICE_ACCOUNT_TOKEN) -> None:
+    """The mistakes in the API server configuration that are cheap to see. `dra-driver run`
+    makes its client (and imports `kubernetes`, ~0.2 s) only after it has offered the
+    kubelet its registration socket; what only the client's loader finds (a context that
+    names no cluster, a certificate file that is missing) is then still one line and exit
+    2, but after start-up began. The in-cluster checks are the loader's own, in its order."""
+    if kubeconfig is None:
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+        why = ("Service host/port is not set." if host is None or port is None
+               else "Service host/port is set but empty." if not host or not port
+               else None if token.is_file() else "Service token file does not exist.")
+        if why is not None:
+            raise ConfigError(f"not in a cluster and no kubeconfig given ({why}); set "
+                              "--kubeconfig or $KUBECONFIG to run outside a cluster")
+        return
+    try:
+        data = yaml.safe_load(kubeconfig.read_bytes())
+    except (OSError, yaml.YAMLError) as err:
+        detail = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: it holds a "
+                          f"YAML {type(data).__name__}, not a mapping with clusters, contexts "
+                          "and users")
+
+
 def for_run(config: Config) -> None:
     """`dra-driver run` writes into these; mock mode generates its own device trees."""
     writable_directory(config.kubelet_registrar_dir, "--kubelet-registrar-dir")
@@ -74,6 +107,7 @@ def for_run(config: Config) -> None:
     free_port(config.metrics_port, "--metrics-port")
     free_port(config.healthz_port, "--healthz-port")
     for_discover(config)
+    api_configuration(config.kubeconfig)
 
 
 def for_discover(config: Config) -> None:

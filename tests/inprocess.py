@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import Future
 
 from driver.config import add_arguments, build
+from driver.kube import Kube
 from driver.plugin import Plugin
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs
@@ -39,13 +40,14 @@ class InProcessPlugin:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.plugin: Plugin | None = None
+        self.kube: Kube | None = None  # set before entering to give the plugin this client
 
     def call(self, coroutine, timeout: float = 30):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def __enter__(self) -> "InProcessPlugin":
         self.thread.start()
-        self.plugin = Plugin.create(self.config)
+        self.plugin = Plugin.create(self.config, self.kube)
         self.call(self.plugin.start())
         return self
 

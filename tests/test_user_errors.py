@@ -83,6 +83,8 @@ def cases(tmp: Path):
         "--sysfs-root /nonexistent: does not exist"
     yield "cleanup outside a cluster", ["cleanup", "--node-name", "n"], {"KUBECONFIG": ""}, \
         "not in a cluster and no kubeconfig given"
+    yield "run outside a cluster", no_kubeconfig, {"KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": ""}, \
+        "not in a cluster and no kubeconfig given (Service host/port is not set.)"
     yield "an option the command does not take", ["discover", "--cdi-root", "/x"], {}, \
         "unrecognized arguments: --cdi-root /x"
 
@@ -92,7 +94,7 @@ CASE_NAMES = [
     "plugins dir is a file", "same port twice", "kubeconfig not YAML", "kubeconfig not a config",
     "kubeconfig is a directory", "kubeconfig missing", "KUBECONFIG list of missing files",
     "duplicate NIC names in a mock profile", "discover on a missing sysfs root",
-    "cleanup outside a cluster", "an option the command does not take",
+    "cleanup outside a cluster", "run outside a cluster", "an option the command does not take",
 ]
 
 
