@@ -14,10 +14,14 @@ import sys
 import threading
 import time
 import uuid
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 
+from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import PluginWatcher
 from tests import netns
@@ -165,8 +169,8 @@ def test_a_rejected_registration_is_offered_again_on_a_new_socket():
         wait(lambda: kubelet.registered, what=lambda: f"registered after two rejections; log:\n{driver.log()}")
         outcomes = [a.outcome for a in kubelet.attempts]
         assert outcomes == ["rejected: kubelet is not ready for DRA plugins yet"] * 2 + ["registered"]
-        inodes = [a.inode for a in kubelet.attempts]
-        assert len(set(inodes)) == 3, "each retry is a new socket (inode) at the same name"
+        sockets = {(a.inode, a.changed_ns) for a in kubelet.attempts}
+        assert len(sockets) == 3, "each retry is a new socket at the same name"
         assert len({a.socket for a in kubelet.attempts}) == 1
         log = driver.log()
         assert log.count("kubelet_registration_retry") == 2
@@ -223,3 +227,41 @@ def test_a_40_character_driver_name_with_seamless_upgrades_works():
         client.close()
         assert driver.terminate() == 0
     dirs.cleanup()
+
+
+class _Plugin(reg_grpc.RegistrationServicer):
+    def GetInfo(self, request, context):
+        return reg_pb2.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint="/nowhere/dra.sock",
+                                  supported_versions=["v1.DRAPlugin"])
+
+    def NotifyRegistrationStatus(self, request, context):
+        return reg_pb2.RegistrationStatusResponse()
+
+
+def test_the_kubelet_emulator_registers_each_new_socket_even_on_a_reused_inode_number():
+    """As the driver re-offers registration: a new socket renamed over the name, then the
+    old one closed. Freed inode numbers come back, and the real kubelet, which reacts to
+    the create or rename event, still registers every socket."""
+    dirs = DriverDirs.make()
+    dirs.registry.mkdir(parents=True)
+    name = dirs.registry / f"{DRIVER}-reg.sock"
+    offered: list[int] = []
+    with PluginWatcher(dirs.registry, decide=lambda info, path: "not yet") as kubelet:
+        previous = None
+        for i in range(6):
+            server = grpc.server(futures.ThreadPoolExecutor(2))
+            reg_grpc.add_RegistrationServicer_to_server(_Plugin(), server)
+            staging = dirs.registry / f".staging-{i}.sock"
+            server.add_insecure_port(f"unix://{staging}")
+            server.start()
+            os.replace(staging, name)
+            offered.append(name.stat().st_ino)
+            assert kubelet.wait(lambda k: len(k.attempts) == i + 1, timeout=15), kubelet.attempts
+            if previous is not None:
+                previous.stop(None)
+            previous = server
+        previous.stop(None)
+    dirs.cleanup()
+    assert [a.outcome for a in kubelet.attempts] == ["rejected: not yet"] * 6
+    if len(set(offered)) == len(offered):
+        pytest.skip(f"this file system gave every socket a new inode number: {offered}")

@@ -118,16 +118,20 @@ class Attempt:
     socket: str
     inode: int
     outcome: str  # "registered", "rejected: <error>", "no answer", "unreachable: <error>"
+    changed_ns: int = 0  # the socket file's ctime: with the inode, which socket this was
 
 
 @dataclass
 class PluginWatcher:
     """The kubelet's plugin watcher and DRA handler, as strict as the real ones.
 
-    Every socket file that appears in the registry (a new inode under any non-dot name) is
-    registered exactly once: GetInfo, validation, NotifyRegistrationStatus. A socket that
-    was rejected, or that the kubelet could not reach, is never tried again; only a new
-    inode is. `decide(info, path)` scripts the kubelet's side: None accepts, a string
+    Every socket file that appears in the registry (under any non-dot name) is registered
+    exactly once: GetInfo, validation, NotifyRegistrationStatus. A socket that was
+    rejected, or that the kubelet could not reach, is never tried again; only a new socket
+    at the name is. The real watcher learns of a new socket from its create or rename
+    event; polling here, a new socket is a new (inode, ctime): the inode number alone
+    repeats, since a socket file freed after its replacement was renamed over it gives
+    its number to the next one (seen here: every other re-offered registration socket). `decide(info, path)` scripts the kubelet's side: None accepts, a string
     rejects with that error, `SILENT` sends no NotifyRegistrationStatus at all.
     """
 
@@ -161,21 +165,22 @@ class PluginWatcher:
                 if path.name.startswith("."):
                     continue  # the kubelet ignores dot files
                 try:
-                    present[path.name] = path.stat().st_ino
+                    stat = path.stat()
                 except FileNotFoundError:
                     continue
+                present[path.name] = (stat.st_ino, stat.st_ctime_ns)
             with self._changed:
                 for name in list(self.registered):
                     if name not in present:
                         del self.registered[name]  # socket removed: plugin deregistered
                         self._changed.notify_all()
-            for name, inode in sorted(present.items()):
-                if (name, inode) not in self._seen:
-                    self._seen.add((name, inode))
-                    self._register(self.registry / name, inode)
+            for name, identity in sorted(present.items()):
+                if (name, identity) not in self._seen:
+                    self._seen.add((name, identity))
+                    self._register(self.registry / name, *identity)
             self._stop.wait(self.poll_seconds)
 
-    def _register(self, path: Path, inode: int) -> None:
+    def _register(self, path: Path, inode: int, changed_ns: int) -> None:
         try:
             with grpc.insecure_channel(f"unix://{path}") as channel:
                 grpc.channel_ready_future(channel).result(timeout=10)
@@ -192,7 +197,7 @@ class PluginWatcher:
         except (grpc.RpcError, grpc.FutureTimeoutError) as err:
             info, outcome = None, f"unreachable: {err}"
         with self._changed:
-            self.attempts.append(Attempt(path.name, inode, outcome))
+            self.attempts.append(Attempt(path.name, inode, outcome, changed_ns))
             if outcome == "registered":
                 self.registered[path.name] = info
             self._changed.notify_all()
