@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,38 @@ SHORT_TMP_PREFIX = f"/tmp/dra-test-{os.getpid()}-"
 
 @pytest.fixture(autouse=True)
 def _remove_short_temp_folders():
-    """Whatever a test does (including failing half-way), the short folders it made for
-    driver processes are removed after it."""
+    """Whatever a test does (including failing half-way), the driver processes it started
+    in its short folders are killed and the folders removed after it. A test that fails
+    between starting a driver and terminating it left that driver running for the rest of
+    the session (two were found after a run here, busy with their periodic work)."""
     yield
+    leftovers = _kill_processes_mentioning(SHORT_TMP_PREFIX)
     parent = Path(SHORT_TMP_PREFIX).parent
     for path in parent.glob(Path(SHORT_TMP_PREFIX).name + "*"):
         shutil.rmtree(path, ignore_errors=True)
+    if leftovers:
+        warnings.warn(f"killed {len(leftovers)} process(es) the test left running: {leftovers}")
+
+
+def _kill_processes_mentioning(text: str) -> list[str]:
+    """SIGKILL every process whose command line contains `text` (this session's folder
+    prefix, so no other session's or user's processes); their command lines, shortened."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = " ".join(a.decode(errors="replace") for a in argv if a)
+        if text in line:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed.append(line[:120])
+    return killed
 
 
 def discover_profile(profile: str | mock.Profile, root: Path,
