@@ -401,6 +401,31 @@ def idle_cpu(api: ApiServer, profile: str, extra: list[str], seconds: float) -> 
     return used
 
 
+def idle_large(api: ApiServer, seconds: float) -> None:
+    """Issue 17's idle figure: a driver on the sriov-large node (2,048 VFs, 16 slices) with
+    the default intervals, its CPU over `seconds` once all slices are published, minute by
+    minute (the periodic rediscovery runs every 60 s, the publisher's resync every 300 s)."""
+    driver = Driver(api, "sriov-large", env=with_bytecode(Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))))
+    driver.start()
+    kubelet = driver.kubelet()
+    wait(lambda: len(api.state.slices) >= 16, 180)
+    time.sleep(5.0)  # past the first publish
+    start = driver.cpu_seconds()
+    began = time.monotonic()
+    minutes = []
+    while time.monotonic() - began < seconds:
+        before = driver.cpu_seconds()
+        time.sleep(min(60.0, seconds - (time.monotonic() - began)))
+        minutes.append(driver.cpu_seconds() - before)
+    used = driver.cpu_seconds() - start
+    elapsed = time.monotonic() - began
+    kubelet.close()
+    driver.stop()
+    print(f"sriov-large idle {elapsed:.0f} s, default intervals: {used:.2f} CPU-s = "
+          f"{used / elapsed * 100:.3f} % of a core; per minute: "
+          + ", ".join(f"{m:.2f}" for m in minutes), flush=True)
+
+
 LARGE_MINUS_ONE = """
 managementNic: {model: i350, ifName: eno1}
 roots:
@@ -416,6 +441,48 @@ roots:
     devices:
       - {type: nic, model: connectx-6dx, vfs: %d, rdma: true}
 """
+
+
+def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
+    """sriov-large: the CPU of one health probe (every --health-interval, 5 s) and one
+    utilization sample (every --utilization-interval, 10 s) over 2,048 VFs, beside their
+    floor measured in the same run: the same stats and reads of the same files, alone."""
+    from driver.devices import sysread
+    from driver.devices.model import DeviceKind
+    from driver.health import HealthState, Prober
+    from driver.utilization.sampler import Sampler
+
+    inventory = result.inventory
+    prober = Prober(HealthState(DRIVER, lambda: inventory), sysfs, dev, None)
+    sampler = Sampler(None, sysfs, lambda: inventory)
+    nics = [d for d in inventory.devices if d.kind is DeviceKind.NIC and d.net_interface]
+    stats = [f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" for d in nics if d.pci is not None]
+    stats += [f"{dev}/{n.removeprefix('/dev/')}" for d in nics for n in d.device_nodes]
+    reads = [f"{sysfs}/class/net/{d.net_interface}/{leaf}" for d in nics
+             for leaf in ("operstate", "statistics/rx_bytes", "statistics/tx_bytes")]
+
+    def floor() -> None:
+        for path in stats:
+            sysread.exists(path)
+        for path in reads:
+            sysread.read_small(path)
+
+    figures = {}
+    for name, step in (("floor", floor), ("probe", prober.probe), ("sample", sampler.sample)):
+        step()
+        cpu = []
+        for _ in range(15):
+            t = time.process_time()
+            step()
+            cpu.append(time.process_time() - t)
+        figures[name] = statistics.median(cpu)
+    probe, sample, base = figures["probe"], figures["sample"], figures["floor"]
+    table.value("sriov-large: health probe, 2,048 VFs", f"{probe * 1000:.1f} ms CPU",
+                f"{probe / 5 * 100:.2f} % of a core at 5 s")
+    table.value("sriov-large: utilization sample, 2,048 VFs", f"{sample * 1000:.1f} ms CPU",
+                f"{sample / 10 * 100:.2f} % of a core at 10 s")
+    table.value("sriov-large: probe + sample / their syscalls alone", f"{(probe + sample) / base:.2f}x",
+                f"floor {base * 1000:.1f} ms CPU ({len(stats)} stats, {len(reads)} reads)")
 
 
 def bench_rediscovery(table: Table, scratch: Path, sources, result, full: float) -> None:
@@ -482,6 +549,8 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="fewer runs, 5 s idle (smoke test)")
     parser.add_argument("--startup-only", action="store_true", help="the baselines and start-up alone")
+    parser.add_argument("--idle-large", type=float, metavar="SECONDS", default=0.0,
+                        help="only the idle CPU of a driver on sriov-large over SECONDS (issue 17: 600)")
     args = parser.parse_args()
     logs.configure("console", "warning")
     if args.quick:
@@ -492,6 +561,11 @@ def main() -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{platform.platform()}; runs={runs}", flush=True)
 
+    if args.idle_large:
+        with ApiServer() as api:
+            api.add_node(NODE)
+            idle_large(api, args.idle_large)
+        return 0
     with ApiServer() as api:
         api.add_node(NODE)
         # -- baselines ------------------------------------------------------------------------
@@ -626,6 +700,7 @@ def main() -> int:
         times.append(time.perf_counter() - t)
     full = table.latency("sriov-large: discovery of 2,048 devices", times)
     bench_rediscovery(table, scratch, sources, result, full)
+    bench_periodic_checks(table, sources.sysfs, node.dev, result)
     with ApiServer() as api:
         api.add_node(NODE)
         publisher = Publisher(Kube(api_client(api.kubeconfig(scratch))), DRIVER, NODE,

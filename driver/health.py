@@ -11,13 +11,14 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import structlog
 
+from driver.devices import sysread
 from driver.devices.model import Device, DeviceKind, Inventory
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})  # application errors, not the GPU
@@ -250,6 +251,15 @@ def _bus_id(raw: Any) -> str:
     return text.lower()[-12:]
 
 
+@dataclass(frozen=True)
+class _Paths:
+    """What one device's probe looks at, as strings made once per inventory."""
+
+    pci: str | None  # the PCI function's sysfs directory
+    nodes: tuple[str, ...]  # its device nodes under the dev root
+    operstate: str | None  # its interface's operstate (NICs)
+
+
 @dataclass
 class Prober:
     """Periodic checks: GPU lost, NIC link, device gone from sysfs/dev; XID recovery."""
@@ -259,6 +269,10 @@ class Prober:
     dev: Path
     nvml: Any | None
     xid_recovery_seconds: float = 0.0  # 0: an XID taint stays until the driver restarts
+    # (the inventory they were made for, each device's paths): rediscovery replaces the
+    # inventory whole, so its identity says when to make them again.
+    _paths: tuple[Inventory | None, dict[str, _Paths]] = field(default=(None, {}), init=False,
+                                                               repr=False)
 
     def probe(self) -> None:
         self.state.forget_missing()
@@ -270,27 +284,39 @@ class Prober:
             except self.nvml.NVMLError:
                 pass
         try:
-            for device in self.state.inventory().devices:
-                self._probe(device, nvml_up)
+            inventory = self.state.inventory()
+            paths = self._paths_of(inventory)
+            for device in inventory.devices:
+                self._probe(device, paths[device.name], nvml_up)
         finally:
             if nvml_up:
                 self.nvml.nvmlShutdown()
 
-    def _probe(self, device: Device, nvml_up: bool) -> None:
+    def _paths_of(self, inventory: Inventory) -> dict[str, _Paths]:
+        known, paths = self._paths
+        if known is not inventory:
+            sysfs, dev = str(self.sysfs), str(self.dev)
+            paths = {d.name: _Paths(
+                pci=f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" if d.pci is not None else None,
+                nodes=tuple(f"{dev}/{n.removeprefix('/dev/')}" for n in d.device_nodes),
+                operstate=(f"{sysfs}/class/net/{d.net_interface}/operstate"
+                           if d.kind is DeviceKind.NIC and d.net_interface else None),
+            ) for d in inventory.devices}
+            self._paths = (inventory, paths)
+        return paths
+
+    def _probe(self, device: Device, paths: _Paths, nvml_up: bool) -> None:
         name = device.name
-        present = device.pci is None or (self.sysfs / "bus" / "pci" / "devices" / device.pci.bus_id).exists()
-        nodes_ok = all((self.dev / n.removeprefix("/dev/")).exists() for n in device.device_nodes)
+        present = paths.pci is None or sysread.exists(paths.pci)
+        nodes_ok = all(sysread.exists(n) for n in paths.nodes)
         if not present or not nodes_ok:
             self.state.set(name, "device-removed", "gone",
                            f"{'PCI function' if not present else 'device node'} disappeared")
             return
         self.state.clear(name, "device-removed")
-        if device.kind is DeviceKind.NIC and device.net_interface:
-            operstate = self.sysfs / "class" / "net" / device.net_interface / "operstate"
-            try:
-                state = operstate.read_text().strip()
-            except OSError:
-                state = "missing"
+        if paths.operstate is not None:
+            raw = sysread.read_small(paths.operstate)
+            state = "missing" if raw is None else raw.decode(errors="replace").strip()
             if state in ("down", "lowerlayerdown", "missing"):
                 self.state.set(name, "link-down", device.net_interface,
                                f"interface {device.net_interface} is {state}")

@@ -3,6 +3,7 @@ stream; metrics after a prepare/unprepare cycle; liveness and readiness probes."
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import urllib.error
@@ -16,6 +17,8 @@ from driver._proto.health.v1 import api_pb2 as hpb2_v1
 from driver._proto.health.v1 import api_pb2_grpc as hgrpc_v1
 from driver._proto.health.v1alpha1 import api_pb2 as hpb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as hgrpc
+from driver.devices.model import DeviceKind, Inventory
+from driver.health import HealthState, Prober
 from driver.sim.apiserver import ApiServer, claim_allocated
 from tests.driverproc import DRIVER, DriverDirs
 from driver.sim.kubelet import Claim, FakeKubelet
@@ -222,3 +225,27 @@ def test_lost_gpu_is_tainted_and_triggers_rediscovery(running):
                         timeout=10)
     assert plugin.plugin.rediscovery.runs > runs
     assert stream.wait(lambda s: GPU1 not in s and s[GPU0][0] == hpb2.HEALTHY)
+
+
+def test_the_probe_reads_each_inventory_at_its_own_paths(mixed):
+    """The probe makes its sysfs and /dev paths once per inventory (driver/devices/
+    sysread.py); a rediscovered inventory, here with the NIC on another interface, is
+    probed where it is now, not where the previous one was."""
+    node, result = mixed
+    nic = next(d for d in result.inventory.devices if d.kind is DeviceKind.NIC and d.net_interface)
+    current = {"inventory": result.inventory}
+    state = HealthState(DRIVER, lambda: current["inventory"])
+    prober = Prober(state, node.sysfs, node.dev, None)
+    prober.probe()
+    assert state.conditions(nic.name) == {}
+    (node.sysfs / "class" / "net" / nic.net_interface / "operstate").write_text("down\n")
+    prober.probe()
+    assert state.conditions(nic.name)["link-down"].value == nic.net_interface
+    renamed = node.sysfs / "class" / "net" / "renamed0"
+    renamed.mkdir()
+    (renamed / "operstate").write_text("up\n")
+    current["inventory"] = Inventory(tuple(
+        dataclasses.replace(d, net_interface="renamed0") if d.name == nic.name else d
+        for d in result.inventory.devices if d.kind is DeviceKind.NIC))
+    prober.probe()
+    assert state.conditions(nic.name) == {}, "read at renamed0, which is up"

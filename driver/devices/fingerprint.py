@@ -22,6 +22,7 @@ from pathlib import Path
 
 from driver.devices import pci
 from driver.devices.discovery import Changes
+from driver.devices.sysread import read_small
 
 _NET_ATTRIBUTES = ("address", "mtu", "operstate", "speed")
 
@@ -30,14 +31,6 @@ def _link(path: str) -> str | None:
     try:
         return os.readlink(path)
     except OSError:
-        return None
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(256)
-    except OSError:  # EINVAL for speed of a down link, ENOENT, EACCES
         return None
 
 
@@ -57,12 +50,12 @@ def fingerprint(sysfs: Path) -> Fingerprint:
     for bdf in _listing(bus):
         if pci.BDF.match(bdf):
             base = f"{bus}/{bdf}"
-            functions[bdf] = (_link(base), _read(f"{base}/device"), _link(f"{base}/driver"))
+            functions[bdf] = (_link(base), read_small(f"{base}/device"), _link(f"{base}/driver"))
     interfaces: dict[str, tuple] = {}
     net = f"{sysfs}/class/net"
     for ifname in _listing(net):
         base = f"{net}/{ifname}"
-        interfaces[ifname] = (_link(base), *(_read(f"{base}/{a}") for a in _NET_ATTRIBUTES))
+        interfaces[ifname] = (_link(base), *(read_small(f"{base}/{a}") for a in _NET_ATTRIBUTES))
     return functions, interfaces
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import structlog
 
+from driver.devices import sysread
 from driver.devices.model import Device, DeviceKind, Inventory
 
 _GPU_KINDS = (DeviceKind.GPU, DeviceKind.MIG)
@@ -52,11 +53,18 @@ class Sampler:
         self._initialized = False
         self._handles: dict[str, Any] = {}
         self._last_seen: dict[str, int] = {}  # uuid -> newest sample timestamp read (µs)
+        # ifName -> its rx_bytes and tx_bytes paths, for the inventory they were made for
+        # (replaced whole by rediscovery: a new one starts the map again, so it stays bounded)
+        self._counters: dict[str, tuple[str, str]] = {}
+        self._counters_for: Inventory | None = None
         self._said: set[tuple[str, str]] = set()
         self.log = structlog.get_logger(component="utilization")
 
     def sample(self) -> dict[str, Sample]:
-        devices = self.inventory().devices
+        inventory = self.inventory()
+        if inventory is not self._counters_for:
+            self._counters, self._counters_for = {}, inventory
+        devices = inventory.devices
         now = self.clock()
         out: dict[str, Sample] = {}
         gpus = [d for d in devices if d.kind in _GPU_KINDS and d.attributes.get("uuid")]
@@ -148,16 +156,23 @@ class Sampler:
 
     # -- NICs --------------------------------------------------------------------------------
     def _nic(self, device: Device, now: float) -> Sample:
-        statistics = self.sysfs / "class" / "net" / str(device.attributes["ifName"]) / "statistics"
-        counters = []
-        for name in ("rx_bytes", "tx_bytes"):
-            try:
-                counters.append(int((statistics / name).read_text().strip()))
-            except (OSError, ValueError):
-                counters.append(None)
-        return Sample(device.name, device.kind, now, rx_bytes=counters[0], tx_bytes=counters[1])
+        ifname = str(device.attributes["ifName"])
+        paths = self._counters.get(ifname)
+        if paths is None:  # strings made once per interface: see driver/devices/sysread.py
+            statistics = f"{self.sysfs}/class/net/{ifname}/statistics"
+            paths = self._counters[ifname] = (f"{statistics}/rx_bytes", f"{statistics}/tx_bytes")
+        rx, tx = (_counter(path) for path in paths)
+        return Sample(device.name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
 
     def _say(self, device: str, event: str, error: str) -> None:
         if (device, error) not in self._said:
             self._said.add((device, error))
             self.log.warning(event, device=device, error=error)
+
+
+def _counter(path: str) -> int | None:
+    raw = sysread.read_small(path, 32)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
