@@ -2,7 +2,7 @@
 a fake kubelet. Prints median and p99 per figure, and ratios against the primitives the
 driver cannot avoid, measured in the same run on the same machine.
 
-    python -m bench [--runs 200] [--idle-seconds 30] [--quick] [--startup-only]
+    python -m bench [--runs 200] [--idle-seconds 30] [--quick] [--startup-only] [--idle-large 600]
 """
 
 from __future__ import annotations
@@ -405,7 +405,8 @@ def idle_large(api: ApiServer, seconds: float) -> None:
     """Issue 17's idle figure: a driver on the sriov-large node (2,048 VFs, 16 slices) with
     the default intervals, its CPU over `seconds` once all slices are published, minute by
     minute (the periodic rediscovery runs every 60 s, the publisher's resync every 300 s)."""
-    driver = Driver(api, "sriov-large", env=with_bytecode(Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))))
+    cache = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
+    driver = Driver(api, "sriov-large", env=with_bytecode(cache))
     driver.start()
     kubelet = driver.kubelet()
     wait(lambda: len(api.state.slices) >= 16, 180)
@@ -421,6 +422,8 @@ def idle_large(api: ApiServer, seconds: float) -> None:
     elapsed = time.monotonic() - began
     kubelet.close()
     driver.stop()
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(driver.dir, ignore_errors=True)
     print(f"sriov-large idle {elapsed:.0f} s, default intervals: {used:.2f} CPU-s = "
           f"{used / elapsed * 100:.3f} % of a core; per minute: "
           + ", ".join(f"{m:.2f}" for m in minutes), flush=True)
