@@ -269,10 +269,10 @@ class Prober:
     dev: Path
     nvml: Any | None
     xid_recovery_seconds: float = 0.0  # 0: an XID taint stays until the driver restarts
-    # (the inventory they were made for, each device's paths): rediscovery replaces the
-    # inventory whole, so its identity says when to make them again.
-    _paths: tuple[Inventory | None, dict[str, _Paths]] = field(default=(None, {}), init=False,
-                                                               repr=False)
+    _paths: sysread.PerInventory[dict[str, _Paths]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._paths = sysread.PerInventory(self._paths_of)
 
     def probe(self) -> None:
         self.state.forget_missing()
@@ -285,7 +285,7 @@ class Prober:
                 pass
         try:
             inventory = self.state.inventory()
-            paths = self._paths_of(inventory)
+            paths = self._paths.of(inventory)
             for device in inventory.devices:
                 self._probe(device, paths[device.name], nvml_up)
         finally:
@@ -293,17 +293,13 @@ class Prober:
                 self.nvml.nvmlShutdown()
 
     def _paths_of(self, inventory: Inventory) -> dict[str, _Paths]:
-        known, paths = self._paths
-        if known is not inventory:
-            sysfs, dev = str(self.sysfs), str(self.dev)
-            paths = {d.name: _Paths(
-                pci=f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" if d.pci is not None else None,
-                nodes=tuple(f"{dev}/{n.removeprefix('/dev/')}" for n in d.device_nodes),
-                operstate=(f"{sysfs}/class/net/{d.net_interface}/operstate"
-                           if d.kind is DeviceKind.NIC and d.net_interface else None),
-            ) for d in inventory.devices}
-            self._paths = (inventory, paths)
-        return paths
+        sysfs, dev = str(self.sysfs), str(self.dev)
+        return {d.name: _Paths(
+            pci=f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" if d.pci is not None else None,
+            nodes=tuple(f"{dev}/{n.removeprefix('/dev/')}" for n in d.device_nodes),
+            operstate=(f"{sysfs}/class/net/{d.net_interface}/operstate"
+                       if d.kind is DeviceKind.NIC and d.net_interface else None),
+        ) for d in inventory.devices}
 
     def _probe(self, device: Device, paths: _Paths, nvml_up: bool) -> None:
         name = device.name

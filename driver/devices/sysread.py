@@ -10,6 +10,26 @@ strings made once per inventory and make the fewest system calls a read can.
 from __future__ import annotations
 
 import os
+from typing import Callable, Generic, TypeVar
+
+from driver.devices.model import Inventory
+
+T = TypeVar("T")
+
+
+class PerInventory(Generic[T]):
+    """What `make` derives from an inventory (each device's paths, say), made again only
+    when the inventory changes: rediscovery replaces it whole, so its identity says when."""
+
+    def __init__(self, make: Callable[[Inventory], T]) -> None:
+        self._make = make
+        self._for: Inventory | None = None
+        self._value: T | None = None
+
+    def of(self, inventory: Inventory) -> T:
+        if inventory is not self._for or self._value is None:
+            self._value, self._for = self._make(inventory), inventory
+        return self._value
 
 
 def read_small(path: str, limit: int = 256) -> bytes | None:

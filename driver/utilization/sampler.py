@@ -53,17 +53,14 @@ class Sampler:
         self._initialized = False
         self._handles: dict[str, Any] = {}
         self._last_seen: dict[str, int] = {}  # uuid -> newest sample timestamp read (µs)
-        # ifName -> its rx_bytes and tx_bytes paths, for the inventory they were made for
-        # (replaced whole by rediscovery: a new one starts the map again, so it stays bounded)
-        self._counters: dict[str, tuple[str, str]] = {}
-        self._counters_for: Inventory | None = None
+        # NIC name -> its rx_bytes and tx_bytes paths (see driver/devices/sysread.py)
+        self._counters = sysread.PerInventory(self._counter_paths)
         self._said: set[tuple[str, str]] = set()
         self.log = structlog.get_logger(component="utilization")
 
     def sample(self) -> dict[str, Sample]:
         inventory = self.inventory()
-        if inventory is not self._counters_for:
-            self._counters, self._counters_for = {}, inventory
+        counters = self._counters.of(inventory)
         devices = inventory.devices
         now = self.clock()
         out: dict[str, Sample] = {}
@@ -72,8 +69,9 @@ class Sampler:
             for device in gpus:
                 out[device.name] = self._gpu(device, now)
         for device in devices:
-            if device.kind is DeviceKind.NIC and device.attributes.get("ifName"):
-                out[device.name] = self._nic(device, now)
+            if device.name in counters:
+                rx, tx = (_counter(path) for path in counters[device.name])
+                out[device.name] = Sample(device.name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
             elif device.name not in out and device.kind is not DeviceKind.NIC:
                 out[device.name] = Sample(device.name, device.kind, now)
         return out
@@ -155,14 +153,13 @@ class Sampler:
         return rate, rate
 
     # -- NICs --------------------------------------------------------------------------------
-    def _nic(self, device: Device, now: float) -> Sample:
-        ifname = str(device.attributes["ifName"])
-        paths = self._counters.get(ifname)
-        if paths is None:  # strings made once per interface: see driver/devices/sysread.py
-            statistics = f"{self.sysfs}/class/net/{ifname}/statistics"
-            paths = self._counters[ifname] = (f"{statistics}/rx_bytes", f"{statistics}/tx_bytes")
-        rx, tx = (_counter(path) for path in paths)
-        return Sample(device.name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
+    def _counter_paths(self, inventory: Inventory) -> dict[str, tuple[str, str]]:
+        paths = {}
+        for device in inventory.devices:
+            if device.kind is DeviceKind.NIC and device.attributes.get("ifName"):
+                statistics = f"{self.sysfs}/class/net/{device.attributes['ifName']}/statistics"
+                paths[device.name] = (f"{statistics}/rx_bytes", f"{statistics}/tx_bytes")
+        return paths
 
     def _say(self, device: str, event: str, error: str) -> None:
         if (device, error) not in self._said:
