@@ -39,6 +39,18 @@ class ClientConfigError(Exception):
     """No usable API server configuration; the message says which file or why, with a hint."""
 
 
+def unusable_kubeconfig(kubeconfig: Path, err: BaseException) -> str:
+    """The one line for a kubeconfig file that cannot be used (preflight and the loader)."""
+    detail = " ".join(str(err).split()) or type(err).__name__
+    return f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}"
+
+
+def not_in_cluster(why: object) -> str:
+    """The one line for no kubeconfig outside a cluster (preflight and the loader)."""
+    return (f"not in a cluster and no kubeconfig given ({why}); set --kubeconfig or "
+            "$KUBECONFIG to run outside a cluster")
+
+
 def api_client(kubeconfig: Path | None, connections: int = 16) -> Any:
     """A kubernetes.client.ApiClient for `kubeconfig`, or the in-cluster configuration."""
     from kubernetes import client as k8s  # noqa: PLC0415 - see the module docstring
@@ -52,14 +64,12 @@ def api_client(kubeconfig: Path | None, connections: int = 16) -> Any:
                 AttributeError) as err:
             # A file that parses to a list or a string fails inside the loader with
             # TypeError/AttributeError.
-            detail = " ".join(str(err).split()) or type(err).__name__
-            raise ClientConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}") from err
+            raise ClientConfigError(unusable_kubeconfig(kubeconfig, err)) from err
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException as err:
-            raise ClientConfigError(f"not in a cluster and no kubeconfig given ({err}); set "
-                                    "--kubeconfig or $KUBECONFIG to run outside a cluster") from err
+            raise ClientConfigError(not_in_cluster(err)) from err
     # Keep-alive connections, enough for concurrent prepares and the publisher (more in
     # flight than this would each open a connection and then close it again).
     configuration.connection_pool_maxsize = connections

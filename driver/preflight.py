@@ -17,6 +17,7 @@ from typing import Mapping
 
 import yaml
 
+from driver import kube
 from driver.config import ConfigError, Config
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -84,18 +85,16 @@ def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.e
                else "Service host/port is set but empty." if not host or not port
                else None if token.is_file() else "Service token file does not exist.")
         if why is not None:
-            raise ConfigError(f"not in a cluster and no kubeconfig given ({why}); set "
-                              "--kubeconfig or $KUBECONFIG to run outside a cluster")
+            raise ConfigError(kube.not_in_cluster(why))
         return
     try:
         data = yaml.safe_load(kubeconfig.read_bytes())
     except (OSError, yaml.YAMLError) as err:
-        detail = " ".join(str(err).split()) or type(err).__name__
-        raise ConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}") from err
+        raise ConfigError(kube.unusable_kubeconfig(kubeconfig, err)) from err
     if not isinstance(data, dict):
-        raise ConfigError(f"kubeconfig {kubeconfig}: not a usable kubeconfig file: it holds a "
-                          f"YAML {type(data).__name__}, not a mapping with clusters, contexts "
-                          "and users")
+        raise ConfigError(kube.unusable_kubeconfig(kubeconfig, ValueError(
+            f"it holds a YAML {type(data).__name__}, not a mapping with clusters, contexts "
+            "and users")))
 
 
 def for_run(config: Config) -> None:
