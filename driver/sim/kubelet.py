@@ -131,8 +131,9 @@ class PluginWatcher:
     at the name is. The real watcher learns of a new socket from its create or rename
     event; polling here, a new socket is a new (inode, ctime): the inode number alone
     repeats, since a socket file freed after its replacement was renamed over it gives
-    its number to the next one (seen here: every other re-offered registration socket). `decide(info, path)` scripts the kubelet's side: None accepts, a string
-    rejects with that error, `SILENT` sends no NotifyRegistrationStatus at all.
+    its number to the next one (seen here: every other re-offered registration socket).
+    `decide(info, path)` scripts the kubelet's side: None accepts, a string rejects with
+    that error, `SILENT` sends no NotifyRegistrationStatus at all.
     """
 
     registry: Path
