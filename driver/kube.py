@@ -128,13 +128,14 @@ class Kube:
         except ApiException as err:
             raise ApiError(err.status or 0, f"{method} {path}: {err.reason}") from err
         data = response.read()
-        payload = json.loads(data) if data else None
         if response.status == 404:
             raise NotFound(404, f"{method} {path}: not found")
         if not 200 <= response.status < 300:
-            message = payload.get("message") if isinstance(payload, dict) else response.reason
-            raise ApiError(response.status, f"{method} {path}: {message}")
-        return payload
+            raise ApiError(response.status, f"{method} {path}: {_message(data, response.reason)}")
+        try:
+            return json.loads(data) if data else None
+        except ValueError as err:  # a proxy's page with a 200, a cut-off body
+            raise ApiError(0, f"{method} {path}: the answer is not JSON: {data[:80]!r}") from err
 
     def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
         """A watch: yields decoded events until the server closes or `timeout` passes."""
@@ -150,19 +151,28 @@ class Kube:
             )
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"watch {path}: {err}") from err
+        complete = False  # the whole response read: the connection may serve another
         try:
             if response.status != 200:
-                raise ApiError(response.status, f"watch {path}: {response.reason}")
+                data = response.read()  # all of it; see `finally`
+                complete = True
+                raise ApiError(response.status, f"watch {path}: {_message(data, response.reason)}")
             buffer = b""
             for chunk in response.stream(4096):
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield _event(path, line)
+            complete = True
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"watch {path}: {err}") from err
         finally:
+            if not complete:
+                # Left mid-response (the caller stopped early, a read failed): the rest of
+                # it is still on the connection, and pooled as it is, the next request
+                # would read that instead of its own answer. Closed, the pool reconnects.
+                response.close()
             response.release_conn()
 
     def server_version(self) -> tuple[int, int]:
@@ -190,3 +200,27 @@ class Kube:
                     raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
                 self._resource_version = served[0]
             return self._resource_version
+
+
+def _message(data: bytes, reason: str | None) -> str:
+    """What a failed request's body says (a metav1.Status carries `message`), else the
+    HTTP reason phrase."""
+    try:
+        payload = json.loads(data) if data else None
+    except ValueError:
+        payload = None
+    message = payload.get("message") if isinstance(payload, dict) else None
+    return str(message) if message else str(reason or "no reason given")
+
+
+def _event(path: str, line: bytes) -> dict:
+    """One watch event; a line that is not one (a proxy's page, a cut-off line) is an
+    ApiError like any other failed watch, so the watcher backs off and lists again."""
+    try:
+        event = json.loads(line)
+    except ValueError as err:
+        raise ApiError(0, f"watch {path}: not a watch event: {line[:80]!r}") from err
+    if not isinstance(event, dict):
+        raise ApiError(0, f"watch {path}: not a watch event: {line[:80]!r}")
+    return event
+

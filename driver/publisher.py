@@ -537,11 +537,17 @@ class Publisher:
                         self.trigger()
                 # Ended by the server (timeoutSeconds) or by an ERROR event: resume from the
                 # version seen last, or LIST again when the copy was invalidated.
-            except ApiError as err:
+            except Exception as err:  # noqa: BLE001 - this thread must outlive any one event
+                # An ApiError is routine (the server restarts, a watch times out). Anything
+                # else is a bug or an event we cannot read; ending the thread over it would
+                # leave the copy looking current while nothing updates it.
                 failures += 1
                 self.cache.invalidate()
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** failures) * self._rng.uniform(0.5, 1.0)
-                self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
+                if isinstance(err, ApiError):
+                    self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
+                else:
+                    self.log.error("slice_watch_failed", error=repr(err), retry_in=round(delay, 2))
                 self._stop.wait(delay)
                 self.trigger()
 

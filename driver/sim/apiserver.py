@@ -36,6 +36,14 @@ class Fault:
     status: int = 500  # 0: no status, just a delay (timeout)
     delay: float = 0.0
     times: int = 1
+    # Seconds between the error's headers and its body. A real server's body may arrive in
+    # a later segment (or HTTP/2 frame) than its headers, and a client that hands the
+    # connection back to its pool on the headers alone then reads this body as the answer
+    # to its next request.
+    body_delay: float = 0.0
+    # An HTML page instead of a Status: what a proxy or load balancer in front of the API
+    # server answers with (a 502 or 504 page).
+    page: str = ""
     # Requests inside this fault's delay now, and the most at once (how parallel a client is).
     held: int = 0
     peak: int = 0
@@ -238,17 +246,27 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing --------------------------------------------------------------------------
-    def _send(self, status: int, body: dict | None = None) -> None:
+    def _send(self, status: int, body: dict | None = None, body_delay: float = 0.0) -> None:
         data = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
+        self.end_headers()  # flushes the headers
+        if body_delay:
+            time.sleep(body_delay)
         self.wfile.write(data)
 
-    def _status(self, code: int, message: str, reason: str = "") -> None:
+    def _status(self, code: int, message: str, reason: str = "", body_delay: float = 0.0) -> None:
         self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                          "message": message, "reason": reason, "code": code})
+                          "message": message, "reason": reason, "code": code}, body_delay)
+
+    def _page(self, code: int, page: str) -> None:
+        data = page.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _body(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
@@ -271,8 +289,11 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with self.state.lock:
                 fault.held -= 1
+        if fault.status and fault.page:
+            self._page(fault.status, fault.page)
+            return True
         if fault.status:
-            self._status(fault.status, f"injected fault {fault.status}")
+            self._status(fault.status, f"injected fault {fault.status}", body_delay=fault.body_delay)
             return True
         return False
 

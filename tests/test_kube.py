@@ -1,0 +1,92 @@
+"""driver/kube.py against the API emulator: what goes back into the connection pool.
+
+A pooled keep-alive connection must hold nothing of an earlier response; otherwise the
+next request on it (a claim GET during a prepare) reads that instead of its own answer
+and fails with "Connection aborted". One connection in the pool makes every request use
+the connection the watch had.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from driver.kube import ApiError, Kube
+from driver.publisher import Publisher
+from driver.sim.apiserver import ApiServer, Fault, claim_allocated
+from tests.conftest import discover_profile
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIM = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c"
+
+
+@pytest.fixture
+def api():
+    with ApiServer() as server:
+        server.add_node("node-a")
+        server.put_claim(claim_allocated("default", "c", "uid-c", []))
+        yield server
+
+
+def one_connection(api, tmp_path) -> Kube:
+    return Kube.deferred(api.kubeconfig(tmp_path), connections=1)
+
+
+def test_a_failed_watch_leaves_its_connection_clean_for_the_next_request(api, tmp_path):
+    kube = one_connection(api, tmp_path)
+    # The error's body comes after its headers, as a real server's may: a client that
+    # pools the connection on the headers alone gets this body as the claim's answer.
+    api.inject(Fault("GET", "resourceslices", status=503, times=3, body_delay=0.3))
+    for _ in range(3):
+        with pytest.raises(ApiError) as failed:
+            list(kube.stream(SLICES, {"watch": "1"}, timeout=5))
+        assert kube.request("GET", CLAIM)["metadata"]["uid"] == "uid-c"
+        assert str(failed.value) == f"HTTP 503: watch {SLICES}: injected fault 503"
+
+
+def test_a_watch_left_early_leaves_no_half_read_response_in_the_pool(api, tmp_path):
+    """urllib3 closes the connection itself when its stream is closed mid-body; this keeps
+    it so whichever way the watch is read."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = Publisher(one_connection(api, tmp_path), "accel.dra.io", "node-a",
+                          inventory=lambda: result.inventory)
+    assert publisher.reconcile() == 3
+    kube = one_connection(api, tmp_path)
+    # The three ADDED events, then the watch stays open (no bookmark asked for): the
+    # connection is mid-response with nothing yet to read on it.
+    events = kube.stream(SLICES, {"watch": "1", "timeoutSeconds": "30"}, timeout=40)
+    assert [next(events)["type"] for _ in range(3)] == ["ADDED"] * 3
+    events.close()
+    started = time.monotonic()
+    assert kube.request("GET", CLAIM)["metadata"]["uid"] == "uid-c"
+    assert time.monotonic() - started < 20, "the GET waited for the abandoned watch to end"
+
+
+def test_a_proxy_page_instead_of_a_status_is_reported_by_its_reason(api, tmp_path):
+    kube = one_connection(api, tmp_path)
+    page = "<html><body><h1>502 Bad Gateway</h1></body></html>"
+    api.inject(Fault("GET", "resourceclaims", status=502, page=page))
+    api.inject(Fault("GET", "resourceslices", status=504, page=page))
+    with pytest.raises(ApiError) as failed:
+        kube.request("GET", CLAIM)
+    assert str(failed.value) == f"HTTP 502: GET {CLAIM}: Bad Gateway"
+    with pytest.raises(ApiError) as failed:
+        list(kube.stream(SLICES, {"watch": "1"}, timeout=5))
+    assert str(failed.value) == f"HTTP 504: watch {SLICES}: Gateway Timeout"
+    api.inject(Fault("GET", "resourceclaims", status=200, page=page))
+    with pytest.raises(ApiError) as failed:
+        kube.request("GET", CLAIM)
+    assert str(failed.value) == f"GET {CLAIM}: the answer is not JSON: {page.encode()!r}"
+    assert kube.request("GET", CLAIM)["metadata"]["uid"] == "uid-c"
+
+
+def test_a_watch_answered_with_something_else_fails_as_a_watch_does(api, tmp_path):
+    """The slice watcher backs off and lists again on an ApiError; anything else would end
+    its thread and, with it, the watch."""
+    kube = one_connection(api, tmp_path)
+    api.inject(Fault("GET", "resourceslices", status=200, page="<html>portal login</html>\n"))
+    with pytest.raises(ApiError) as failed:
+        list(kube.stream(SLICES, {"watch": "1"}, timeout=5))
+    assert str(failed.value) == f"watch {SLICES}: not a watch event: b'<html>portal login</html>'"
+    assert kube.request("GET", CLAIM)["metadata"]["uid"] == "uid-c"
