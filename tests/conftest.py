@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,6 +19,24 @@ SHARED = REPO.parent / "shared"  # optional extras (the upstream CDI schema); ne
 # Where tests/driverproc.py makes socket-friendly short folders: named after this pytest
 # process, so that cleaning up never touches another session's or a user's folders.
 SHORT_TMP_PREFIX = f"/tmp/dra-test-{os.getpid()}-"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Many tests run the driver as its own process, and the emulated kubelet starts pods
+    that run `dra-driver` by name: those import `driver` from wherever it is installed,
+    not from this folder. An install of another checkout (or an older copy) would make
+    them test that code and fail in ways that say nothing about the cause, so stop first
+    with the one line that does."""
+    here = (REPO / "driver").resolve()
+    probe = subprocess.run(
+        [sys.executable, "-c", "import driver, os; print(os.path.dirname(os.path.realpath(driver.__file__)))"],
+        cwd="/", capture_output=True, text=True, timeout=120,
+    )
+    found = probe.stdout.strip() or (probe.stderr.strip().splitlines() or ["nothing"])[-1]
+    if found != str(here):
+        pytest.exit(f"{sys.executable} imports the driver from {found}, not from this checkout "
+                    f"({here}); the tests start the driver as its own process, so install "
+                    "this checkout first: pip install -e '.[test]'", returncode=4)
 
 
 @pytest.fixture(autouse=True)
