@@ -120,9 +120,9 @@ class Kube:
             body=body, auth_settings=["BearerToken"],
         )
         try:
-            response = client.call_api(method, url, header_params=headers, body=body,
-                                            post_params=post,
-                                            _request_timeout=timeout or self.timeout)
+            response = _once_more_if_dropped(method, lambda: client.call_api(
+                method, url, header_params=headers, body=body, post_params=post,
+                _request_timeout=timeout or self.timeout))
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"{method} {path}: {err}") from err
         except ApiException as err:
@@ -145,10 +145,10 @@ class Kube:
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
         )
         try:
-            response = client.rest_client.pool_manager.request(
+            response = _once_more_if_dropped(method, lambda: client.rest_client.pool_manager.request(
                 method, url, headers=headers, preload_content=False,
                 timeout=urllib3.Timeout(connect=self.timeout, read=timeout),
-            )
+            ))
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"watch {path}: {err}") from err
         complete = False  # the whole response read: the connection may serve another
@@ -200,6 +200,21 @@ class Kube:
                     raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
                 self._resource_version = served[0]
             return self._resource_version
+
+
+def _once_more_if_dropped(method: str, send: Callable[[], Any]) -> Any:
+    """`send()`, and for a GET once more when the connection closed without an answer.
+
+    A server or proxy may close an idle keep-alive connection just as a request goes out on
+    it; the request then fails with "Connection aborted" although the server is fine, and
+    client-go retries such a GET as well. Only a GET: whether a write arrived is unknown.
+    A timeout is not retried (it would double the wait), nor is a refused connection."""
+    try:
+        return send()
+    except urllib3.exceptions.ProtocolError:
+        if method != "GET":
+            raise
+    return send()
 
 
 def _message(data: bytes, reason: str | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -44,6 +45,9 @@ class Fault:
     # An HTML page instead of a Status: what a proxy or load balancer in front of the API
     # server answers with (a 502 or 504 page).
     page: str = ""
+    # Close the connection without an answer: a server or proxy that closed an idle
+    # keep-alive connection just as the client sent a request on it.
+    drop: bool = False
     # Requests inside this fault's delay now, and the most at once (how parallel a client is).
     held: int = 0
     peak: int = 0
@@ -289,6 +293,10 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with self.state.lock:
                 fault.held -= 1
+        if fault.drop:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return True
         if fault.status and fault.page:
             self._page(fault.status, fault.page)
             return True
@@ -626,11 +634,13 @@ class _Handler(BaseHTTPRequestHandler):
                     "metadata": {"resourceVersion": current}}})
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            self.close_connection = True
         finally:
             with self.state.lock:
                 self.state.watchers.remove(events)
-            self.close_connection = True
+        # A watch that ended cleanly leaves its connection open for the next request, as
+        # the real server's does. (Closing it without a "Connection: close" made a client
+        # that reused it at once race the close: "Connection aborted", now and then.)
 
     def _chunk(self, event: dict) -> None:
         line = json.dumps(event).encode() + b"\n"
