@@ -150,12 +150,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_plugin(config: Config) -> int:
     import asyncio
 
+    import structlog
+
+    from driver.devices import sysread
     from driver.kube import Kube
     from driver.plugin import StartupError, serve
 
     # The client is made by the plugin, after it offered its registration socket (or
     # before, during an upgrade); preflight has seen the kubeconfig's common mistakes.
     kube = Kube.deferred(config.kubeconfig, connections=config.api_connections)
+    # The health probe and the utilization sample keep every device's attribute files open
+    # (driver/devices/sysread.py): 6,000 on a node of 2,048 VFs.
+    before, after = sysread.raise_descriptor_limit()
+    if after != before:
+        structlog.get_logger(component="plugin").debug("descriptor_limit_raised", before=before,
+                                                       after=after)
     try:
         return asyncio.run(serve(config, kube))
     except StartupError as err:

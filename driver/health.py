@@ -255,9 +255,20 @@ def _bus_id(raw: Any) -> str:
 class _Paths:
     """What one device's probe looks at, as strings made once per inventory."""
 
-    pci: str | None  # the PCI function's sysfs directory
-    nodes: tuple[str, ...]  # its device nodes under the dev root
+    # Where to look for the PCI function's sysfs entry and the device nodes: (directory,
+    # name), so that a probe lists each directory once instead of a stat per path (2,048
+    # VFs share /sys/bus/pci/devices and /dev/infiniband).
+    pci: tuple[str, str] | None
+    nodes: tuple[tuple[str, str], ...]
     operstate: str | None  # its interface's operstate (NICs)
+
+
+@dataclass
+class _Probing:
+    """One inventory's paths, and its `operstate` files kept open (sysread.HeldFiles)."""
+
+    paths: dict[str, _Paths]
+    files: sysread.HeldFiles = field(default_factory=sysread.HeldFiles)
 
 
 @dataclass
@@ -269,10 +280,14 @@ class Prober:
     dev: Path
     nvml: Any | None
     xid_recovery_seconds: float = 0.0  # 0: an XID taint stays until the driver restarts
-    _paths: sysread.PerInventory[dict[str, _Paths]] = field(init=False, repr=False)
+    _probing: sysread.PerInventory[_Probing] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._paths = sysread.PerInventory(self._paths_of)
+        self._probing = sysread.PerInventory(self._probing_of, retire=lambda p: p.files.close())
+
+    def close(self) -> None:
+        """Close the files the probe keeps open."""
+        self._probing.clear()
 
     def probe(self) -> None:
         self.state.forget_missing()
@@ -285,33 +300,35 @@ class Prober:
                 pass
         try:
             inventory = self.state.inventory()
-            paths = self._paths.of(inventory)
+            probing = self._probing.of(inventory)
+            listings = sysread.Listings()  # this probe's view of the directories
             for device in inventory.devices:
-                self._probe(device, paths[device.name], nvml_up)
+                self._probe(device, probing.paths[device.name], probing.files, listings, nvml_up)
         finally:
             if nvml_up:
                 self.nvml.nvmlShutdown()
 
-    def _paths_of(self, inventory: Inventory) -> dict[str, _Paths]:
+    def _probing_of(self, inventory: Inventory) -> _Probing:
         sysfs, dev = str(self.sysfs), str(self.dev)
-        return {d.name: _Paths(
-            pci=f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" if d.pci is not None else None,
-            nodes=tuple(f"{dev}/{n.removeprefix('/dev/')}" for n in d.device_nodes),
+        return _Probing({d.name: _Paths(
+            pci=(f"{sysfs}/bus/pci/devices", d.pci.bus_id) if d.pci is not None else None,
+            nodes=tuple(sysread.split(f"{dev}/{n.removeprefix('/dev/')}") for n in d.device_nodes),
             operstate=(f"{sysfs}/class/net/{d.net_interface}/operstate"
                        if d.kind is DeviceKind.NIC and d.net_interface else None),
-        ) for d in inventory.devices}
+        ) for d in inventory.devices})
 
-    def _probe(self, device: Device, paths: _Paths, nvml_up: bool) -> None:
+    def _probe(self, device: Device, paths: _Paths, files: sysread.HeldFiles,
+               listings: sysread.Listings, nvml_up: bool) -> None:
         name = device.name
-        present = paths.pci is None or sysread.exists(paths.pci)
-        nodes_ok = all(sysread.exists(n) for n in paths.nodes)
+        present = paths.pci is None or listings.has(*paths.pci)
+        nodes_ok = all(listings.has(*n) for n in paths.nodes)
         if not present or not nodes_ok:
             self.state.set(name, "device-removed", "gone",
                            f"{'PCI function' if not present else 'device node'} disappeared")
             return
         self.state.clear(name, "device-removed")
         if paths.operstate is not None:
-            raw = sysread.read_small(paths.operstate)
+            raw = files.read(paths.operstate)
             state = "missing" if raw is None else raw.decode(errors="replace").strip()
             if state in ("down", "lowerlayerdown", "missing"):
                 self.state.set(name, "link-down", device.net_interface,

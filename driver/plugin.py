@@ -354,12 +354,15 @@ class Plugin:
 
     async def _probe_loop(self) -> None:
         log = structlog.get_logger(component="health")
-        while True:
-            try:
-                await asyncio.to_thread(self.prober.probe)
-            except Exception as err:  # a probe bug must not end health reporting
-                log.error("health_probe_failed", error=str(err))
-            await asyncio.sleep(self.config.health_interval)
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(self.prober.probe)
+                except Exception as err:  # a probe bug must not end health reporting
+                    log.error("health_probe_failed", error=str(err))
+                await asyncio.sleep(self.config.health_interval)
+        finally:
+            self.prober.close()
 
     async def _serve(self, server: grpc.aio.Server, sock: OwnedSocket) -> None:
         server.add_insecure_port(sock.address())

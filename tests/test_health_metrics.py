@@ -249,3 +249,51 @@ def test_the_probe_reads_each_inventory_at_its_own_paths(mixed):
         for d in result.inventory.devices if d.kind is DeviceKind.NIC))
     prober.probe()
     assert state.conditions(nic.name) == {}, "read at renamed0, which is up"
+
+
+def test_a_device_whose_function_or_node_disappears_is_reported_gone_and_back(mixed):
+    """The probe answers "still there?" from one listing per directory per probe (the
+    PCI functions, /dev/infiniband, ...), not a stat per path: each answer must still be
+    the device's own, and current at every probe."""
+    node, result = mixed
+    rdma = [d for d in result.inventory.devices if d.kind is DeviceKind.NIC and d.device_nodes]
+    assert len(rdma) >= 2
+    first, second = rdma[0], rdma[1]
+    state = HealthState(DRIVER, lambda: result.inventory)
+    prober = Prober(state, node.sysfs, node.dev, None)
+    prober.probe()
+    assert all(state.conditions(d.name) == {} for d in result.inventory.devices)
+
+    function = node.sysfs / "bus" / "pci" / "devices" / first.pci.bus_id
+    target = function.readlink() if function.is_symlink() else None
+    aside = function.with_name(".aside")
+    function.rename(aside)
+    prober.probe()
+    gone = state.conditions(first.name)["device-removed"]
+    assert gone.message == "PCI function disappeared"
+    assert state.conditions(second.name) == {}
+    aside.rename(function)
+    if target is not None:
+        assert function.readlink() == target
+    prober.probe()
+    assert state.conditions(first.name) == {}
+
+    uverbs = [n for n in second.device_nodes if "uverbs" in n]
+    assert uverbs and not any(n in first.device_nodes for n in uverbs)
+    node_path = node.dev / uverbs[0].removeprefix("/dev/")
+    node_path.rename(node_path.with_name(".aside"))
+    prober.probe()
+    assert state.conditions(second.name)["device-removed"].message == "device node disappeared"
+    assert state.conditions(first.name) == {}
+    node_path.with_name(".aside").rename(node_path)
+    prober.probe()
+    assert state.conditions(second.name) == {}
+
+    # A whole directory gone: every device with a node in it.
+    infiniband = node.dev / "infiniband"
+    infiniband.rename(node.dev / ".infiniband")
+    prober.probe()
+    assert all("device-removed" in state.conditions(d.name) for d in rdma)
+    (node.dev / ".infiniband").rename(infiniband)
+    prober.probe()
+    assert all(state.conditions(d.name) == {} for d in rdma)

@@ -53,14 +53,15 @@ class Sampler:
         self._initialized = False
         self._handles: dict[str, Any] = {}
         self._last_seen: dict[str, int] = {}  # uuid -> newest sample timestamp read (µs)
-        # NIC name -> its rx_bytes and tx_bytes paths (see driver/devices/sysread.py)
-        self._counters = sysread.PerInventory(self._counter_paths)
+        # NIC name -> its rx_bytes and tx_bytes paths, and those files kept open
+        # (see driver/devices/sysread.py)
+        self._counters = sysread.PerInventory(self._counter_paths, retire=lambda c: c[1].close())
         self._said: set[tuple[str, str]] = set()
         self.log = structlog.get_logger(component="utilization")
 
     def sample(self) -> dict[str, Sample]:
         inventory = self.inventory()
-        counters = self._counters.of(inventory)
+        counters, files = self._counters.of(inventory)
         devices = inventory.devices
         now = self.clock()
         out: dict[str, Sample] = {}
@@ -70,13 +71,14 @@ class Sampler:
                 out[device.name] = self._gpu(device, now)
         for device in devices:
             if device.name in counters:
-                rx, tx = (_counter(path) for path in counters[device.name])
+                rx, tx = (_counter(files, path) for path in counters[device.name])
                 out[device.name] = Sample(device.name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
             elif device.name not in out and device.kind is not DeviceKind.NIC:
                 out[device.name] = Sample(device.name, device.kind, now)
         return out
 
     def close(self) -> None:
+        self._counters.clear()  # the counter files it keeps open
         if self._initialized:
             self._initialized = False
             self._handles.clear()
@@ -153,13 +155,14 @@ class Sampler:
         return rate, rate
 
     # -- NICs --------------------------------------------------------------------------------
-    def _counter_paths(self, inventory: Inventory) -> dict[str, tuple[str, str]]:
+    def _counter_paths(self, inventory: Inventory) -> tuple[dict[str, tuple[str, str]],
+                                                              sysread.HeldFiles]:
         paths = {}
         for device in inventory.devices:
             if device.kind is DeviceKind.NIC and device.attributes.get("ifName"):
                 statistics = f"{self.sysfs}/class/net/{device.attributes['ifName']}/statistics"
                 paths[device.name] = (f"{statistics}/rx_bytes", f"{statistics}/tx_bytes")
-        return paths
+        return paths, sysread.HeldFiles()
 
     def _say(self, device: str, event: str, error: str) -> None:
         if (device, error) not in self._said:
@@ -167,8 +170,8 @@ class Sampler:
             self.log.warning(event, device=device, error=error)
 
 
-def _counter(path: str) -> int | None:
-    raw = sysread.read_small(path, 32)
+def _counter(files: sysread.HeldFiles, path: str) -> int | None:
+    raw = files.read(path, 32)
     try:
         return int(raw) if raw is not None else None
     except ValueError:

@@ -1,0 +1,160 @@
+"""driver/devices/sysread.py: attribute files kept open and read again with pread."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from driver.devices import sysread
+from driver.devices.sysread import HeldFiles
+
+LOOPBACK_RX = Path("/sys/class/net/lo/statistics/rx_bytes")
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not LOOPBACK_RX.exists(), reason="no /sys/class/net/lo on this machine")
+def test_a_held_sysfs_attribute_reads_the_current_value():
+    """The kernel's side, on the real sysfs: a pread at offset 0 of an attribute kept open
+    produces the value afresh (the counters the sampler reads every 10 s)."""
+    files = HeldFiles()
+    first = int(files.read(str(LOOPBACK_RX)))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        rx.bind(("127.0.0.1", 0))
+        for _ in range(10):
+            tx.sendto(b"x" * 1000, rx.getsockname())
+            rx.recv(2000)
+    second = int(files.read(str(LOOPBACK_RX)))
+    assert second >= first + 10_000
+    assert len(files) == 1
+    files.close()
+
+
+def test_a_held_file_is_opened_once_and_follows_writes_in_place(tmp_path):
+    attribute = tmp_path / "operstate"
+    attribute.write_text("up\n")
+    files = HeldFiles()
+    before = open_descriptors()
+    assert files.read(str(attribute)) == b"up\n"
+    attribute.write_text("down\n")  # in place, as the kernel changes an attribute
+    assert files.read(str(attribute)) == b"down\n"
+    assert files.read(str(attribute), limit=2) == b"do"
+    assert len(files) == 1 and open_descriptors() == before + 1
+    assert files.read(str(tmp_path / "missing")) is None
+    assert len(files) == 1
+    files.close()
+    assert open_descriptors() == before
+    # Closed, it still reads, holding nothing.
+    assert files.read(str(attribute)) == b"down\n"
+    assert len(files) == 0 and open_descriptors() == before
+
+
+def test_a_gone_device_is_read_again_by_path(tmp_path, monkeypatch):
+    """sysfs answers a read of a removed device's open attribute with ENODEV; a device that
+    came back under the same name is then read at its path. (A regular file cannot give
+    ENODEV, so that answer is made here.)"""
+    attribute = tmp_path / "operstate"
+    attribute.write_text("up\n")
+    files = HeldFiles()
+    assert files.read(str(attribute)) == b"up\n"
+    real_pread = os.pread
+    gone: set[int] = set()  # descriptors whose device was removed (numbers are reused)
+
+    def pread(fd, n, offset):
+        if fd in gone:
+            gone.discard(fd)
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    before = open_descriptors()
+    gone.update(files._fds.values())
+    attribute.unlink()
+    attribute.write_text("lowerlayerdown\n")  # the device back, a new file
+    assert files.read(str(attribute)) == b"lowerlayerdown\n"
+    (held,) = files._fds.values()
+    assert os.fstat(held).st_ino == attribute.stat().st_ino  # the new one is held...
+    assert open_descriptors() == before  # ...and the old one closed
+    gone.update(files._fds.values())
+    attribute.unlink()
+    assert files.read(str(attribute)) is None  # gone for good
+    assert len(files) == 0
+    files.close()
+
+
+def test_past_its_limit_it_reads_without_holding(tmp_path):
+    paths = []
+    for index in range(3):
+        paths.append(tmp_path / f"a{index}")
+        paths[-1].write_text(f"{index}\n")
+    files = HeldFiles(limit=2)
+    before = open_descriptors()
+    for _ in range(2):
+        assert [files.read(str(p)) for p in paths] == [b"0\n", b"1\n", b"2\n"]
+    assert len(files) == 2 and open_descriptors() == before + 2
+    files.close()
+
+
+def test_the_descriptors_are_closed_with_the_object(tmp_path):
+    attribute = tmp_path / "rx_bytes"
+    attribute.write_text("1\n")
+    gc.collect()  # what earlier tests left for the collector
+    before = open_descriptors()
+    files = HeldFiles()
+    files.read(str(attribute))
+    assert open_descriptors() == before + 1
+    del files
+    gc.collect()
+    assert open_descriptors() == before
+
+
+def test_closing_while_another_thread_reads_never_breaks_a_read(tmp_path):
+    """The plugin closes the prober's files from the event loop while a probe thread may
+    still be reading: every read returns the value, and nothing stays open."""
+    paths = []
+    for index in range(50):
+        paths.append(str(tmp_path / f"a{index}"))
+        Path(paths[-1]).write_text("up\n")
+    before = open_descriptors()
+    for _ in range(20):
+        files = HeldFiles()
+        results, done = [], threading.Event()
+
+        def reader():
+            while not done.is_set():
+                results.extend(files.read(p) for p in paths)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        while not results:
+            pass
+        files.close()
+        done.set()
+        thread.join()
+        assert set(results) == {b"up\n"}
+    assert open_descriptors() == before
+
+
+def test_the_descriptor_limit_is_raised_to_the_hard_one():
+    script = (
+        "import resource\n"
+        "from driver.devices import sysread\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "print(sysread.raise_descriptor_limit() == (min(256, hard), hard if hard != resource.RLIM_INFINITY else 1 << 20),"
+        " resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (hard if hard != resource.RLIM_INFINITY else 1 << 20))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+
