@@ -238,4 +238,3 @@ def _event(path: str, line: bytes) -> dict:
     if not isinstance(event, dict):
         raise ApiError(0, f"watch {path}: not a watch event: {line[:80]!r}")
     return event
-
