@@ -75,6 +75,10 @@ class HealthState:
         return True
 
     def clear(self, device: str, reason: str) -> bool:
+        if device not in self._conditions:
+            # The common case, every device at every probe: nothing to clear, no lock. (A
+            # lookup is atomic; a condition set at this moment is set after the lookup.)
+            return False
         with self._lock:
             current = self._conditions.get(device, {})
             if current.pop(reason, None) is None:
@@ -321,7 +325,11 @@ class Prober:
                listings: sysread.Listings, nvml_up: bool) -> None:
         name = device.name
         present = paths.pci is None or listings.has(*paths.pci)
-        nodes_ok = all(listings.has(*n) for n in paths.nodes)
+        nodes_ok = True
+        for directory, node in paths.nodes:
+            if not listings.has(directory, node):
+                nodes_ok = False
+                break
         if not present or not nodes_ok:
             self.state.set(name, "device-removed", "gone",
                            f"{'PCI function' if not present else 'device node'} disappeared")
