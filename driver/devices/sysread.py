@@ -59,8 +59,9 @@ class HeldFiles:
     when rediscovery replaces the inventory, so paths always follow the current names.
 
     Each open file is a descriptor and, in sysfs, a page of kernel memory charged to the
-    pod (2,048 VFs × 3 attributes: ~25 MiB). Past `limit` open files, or when the process
-    runs out of descriptors, reads fall back to open, read and close.
+    pod (2,048 VFs × 3 attributes: ~25 MiB). Past `limit` held files a read opens, reads
+    and closes; `limit` (see held_file_budget) leaves the rest of the process its
+    descriptors.
     """
 
     def __init__(self, limit: int | None = None) -> None:
