@@ -234,7 +234,7 @@ class Plugin:
                 Sampler(node.nvml, node.sysfs, inventory), tracker, checkpoint.records,
                 config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
                 status, leader)
-            metrics.watch_utilization(lambda: utilization.views)
+            metrics.watch_utilization(utilization.views)
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                    health, prober, metrics, Probes(ready), instance, utilization, xid)
 

@@ -162,6 +162,48 @@ def test_nic_counters_come_from_sysfs(tmp_path):
     assert (sample.rx_bytes, sample.tx_bytes) == (123456, 789)
 
 
+def open_descriptors() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path):
+    """The tick samples what idle detection judges (GPUs); a scrape reads every NIC's
+    counters then, so it shows them as they are at the scrape."""
+    node, inventory = node_of(tmp_path)
+    nics = [d for d in inventory.devices if d.kind is DeviceKind.NIC]
+    nic = nics[0]
+    stats = node.sysfs / "class" / "net" / nic.attributes["ifName"] / "statistics"
+    sampler = Sampler(node.nvml, node.sysfs, lambda: inventory)
+    monitor = UtilizationMonitor(sampler, IdleTracker(tmp_path / "state", "me", 0.05, 1800),
+                                 lambda: [record("uid-n", nic.name)], "node-a")
+    metrics = Metrics(DRIVER)
+    metrics.watch_utilization(monitor.views)
+    try:
+        assert series(metrics, "allocated") == {}, "nothing to show before the first tick"
+        (stats / "rx_bytes").write_text("1000\n")
+        before = open_descriptors()
+        monitor.tick()
+        monitor.tick()
+        assert open_descriptors() == before, "a tick opened NIC counter files"
+        (stats / "rx_bytes").write_text("5000\n")  # after the ticks: the scrape must see it
+        (stats / "tx_bytes").write_text("7\n")
+        assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 5000
+        assert series(metrics, "network_transmit_bytes_total")[(nic.name, "uid-n", "")] == 7
+        assert open_descriptors() == before + 2 * len(nics), "the scrape keeps the counters open"
+        (stats / "rx_bytes").write_text("9000\n")  # in place, as the kernel changes it
+        assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 9000
+        allocated = series(metrics, "allocated")
+        assert allocated[(nic.name, "uid-n", "")] == 1
+        assert {d for d, _, _ in allocated} == {d.name for d in inventory.devices}, \
+            "every device has a series, held or not"
+    finally:
+        sampler.close()
+    assert open_descriptors() == before
+    # A scrape after the sampler closed (the driver stopping) still answers, holding nothing.
+    assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 9000
+    assert open_descriptors() == before
+
+
 # -- metrics joined with claims ---------------------------------------------------------------
 def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_path):
     node, inventory = node_of(tmp_path)
@@ -172,7 +214,7 @@ def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_pa
                                  IdleTracker(tmp_path / "state", "me", 0.05, 1800),
                                  lambda: records, "node-a", clock=clock)
     metrics = Metrics(DRIVER)
-    metrics.watch_utilization(lambda: monitor.views)
+    metrics.watch_utilization(monitor.views)
     monitor.tick()
     node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=40,
                            processes=[(1, 10 * GIB)])

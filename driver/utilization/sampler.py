@@ -15,6 +15,7 @@ UUID. A device that errors gets an empty sample and one log line per kind of err
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,30 +56,51 @@ class Sampler:
         self._last_seen: dict[str, int] = {}  # uuid -> newest sample timestamp read (µs)
         # NIC name -> its rx_bytes and tx_bytes paths, and those files kept open
         # (see driver/devices/sysread.py)
-        self._counters = sysread.PerInventory(self._counter_paths, retire=lambda c: c[1].close())
+        self._counters = sysread.PerInventory(lambda i: (self._counter_paths(i), sysread.HeldFiles()),
+                                              retire=lambda c: c[1].close())
+        self._counters_lock = threading.Lock()
+        self._closed = False  # a scrape after close reads without keeping files open
         self._said: set[tuple[str, str]] = set()
         self.log = structlog.get_logger(component="utilization")
 
     def sample(self) -> dict[str, Sample]:
-        inventory = self.inventory()
-        counters, files = self._counters.of(inventory)
-        devices = inventory.devices
+        """Every device now: GPUs' and MIG devices' activity, NICs' counters, and an
+        allocation-only sample of the rest (`dra-driver status`)."""
         now = self.clock()
-        out: dict[str, Sample] = {}
-        gpus = [d for d in devices if d.kind in _GPU_KINDS and d.attributes.get("uuid")]
-        if gpus and self._init():
-            for device in gpus:
-                out[device.name] = self._gpu(device, now)
-        for device in devices:
+        out = self.activity(now)
+        counters = self.counters()
+        for device in self.inventory().devices:
             if device.name in counters:
-                rx, tx = (_counter(files, path) for path in counters[device.name])
+                rx, tx = counters[device.name]
                 out[device.name] = Sample(device.name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
             elif device.name not in out and device.kind is not DeviceKind.NIC:
                 out[device.name] = Sample(device.name, device.kind, now)
         return out
 
+    def activity(self, now: float | None = None) -> dict[str, Sample]:
+        """The GPUs and MIG devices, what idle detection judges (NVML)."""
+        now = self.clock() if now is None else now
+        gpus = [d for d in self.inventory().devices
+                if d.kind in _GPU_KINDS and d.attributes.get("uuid")]
+        if not gpus or not self._init():
+            return {}
+        return {device.name: self._gpu(device, now) for device in gpus}
+
+    def counters(self) -> dict[str, tuple[int | None, int | None]]:
+        """Each NIC's (rx_bytes, tx_bytes) now. Called by metrics scrapes, on their own
+        threads, as well as by `sample`: the lock keeps two callers from each opening the
+        inventory's files."""
+        with self._counters_lock:
+            if self._closed:
+                paths, files = self._counter_paths(self.inventory()), sysread.HeldFiles(limit=0)
+            else:
+                paths, files = self._counters.of(self.inventory())
+        return {name: (_counter(files, rx), _counter(files, tx)) for name, (rx, tx) in paths.items()}
+
     def close(self) -> None:
-        self._counters.clear()  # the counter files it keeps open
+        with self._counters_lock:
+            self._closed = True
+            self._counters.clear()  # the counter files it keeps open
         if self._initialized:
             self._initialized = False
             self._handles.clear()
@@ -155,14 +177,13 @@ class Sampler:
         return rate, rate
 
     # -- NICs --------------------------------------------------------------------------------
-    def _counter_paths(self, inventory: Inventory) -> tuple[dict[str, tuple[str, str]],
-                                                              sysread.HeldFiles]:
+    def _counter_paths(self, inventory: Inventory) -> dict[str, tuple[str, str]]:
         paths = {}
         for device in inventory.devices:
             if device.kind is DeviceKind.NIC and device.attributes.get("ifName"):
                 statistics = f"{self.sysfs}/class/net/{device.attributes['ifName']}/statistics"
                 paths[device.name] = (f"{statistics}/rx_bytes", f"{statistics}/tx_bytes")
-        return paths, sysread.HeldFiles()
+        return paths
 
     def _say(self, device: str, event: str, error: str) -> None:
         if (device, error) not in self._said:
