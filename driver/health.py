@@ -9,6 +9,7 @@ the condition does. Sources run in threads; consumers are told through callbacks
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,11 @@ class HealthState:
         self.log.info("device_recovered", device=device, reason=reason)
         self._changed()
         return True
+
+    def having(self, reason: str) -> set[str]:
+        """The devices with a `reason` condition now."""
+        with self._lock:
+            return {d for d, found in self._conditions.items() if reason in found}
 
     def conditions(self, device: str) -> dict[str, Condition]:
         with self._lock:
@@ -255,23 +261,26 @@ def _bus_id(raw: Any) -> str:
     return text.lower()[-12:]
 
 
-@dataclass(frozen=True)
-class _Paths:
-    """What one device's probe looks at, as strings made once per inventory."""
-
-    # Where to look for the PCI function's sysfs entry and the device nodes: (directory,
-    # name), so that a probe lists each directory once instead of a stat per path (2,048
-    # VFs share /sys/bus/pci/devices and /dev/infiniband).
-    pci: tuple[str, str] | None
-    nodes: tuple[tuple[str, str], ...]
-    operstate: str | None  # its interface's operstate (NICs)
+# An interface in one of these states (or whose operstate cannot be read) is down.
+_DOWN = frozenset({b"down", b"lowerlayerdown", b"missing"})
 
 
 @dataclass
 class _Probing:
-    """One inventory's paths, and its `operstate` files kept open (sysread.HeldFiles)."""
+    """One inventory's checks, made once when rediscovery replaces it and grouped so that a
+    probe works on sets and lists rather than device by device (2,048 VFs on sriov-large):
 
-    paths: dict[str, _Paths]
+    - `entries`: what must be in each directory, {directory: {entry: devices needing it}},
+      the PCI functions' directory first. A probe lists each directory once.
+    - `links`: (device, interface) of each NIC, and `operstate`, the path of its operstate
+      file, in the same order; the files are kept open (sysread.HeldFiles).
+    """
+
+    entries: dict[str, dict[str, tuple[str, ...]]]
+    what: dict[str, str]  # directory -> what a missing entry of it is ("PCI function")
+    links: list[tuple[str, str]]
+    operstate: list[str]
+    gpus: tuple[Device, ...]
     files: sysread.HeldFiles = field(default_factory=sysread.HeldFiles)
 
 
@@ -303,56 +312,82 @@ class Prober:
             except self.nvml.NVMLError:
                 pass
         try:
-            inventory = self.state.inventory()
-            probing = self._probing.of(inventory)
-            listings = sysread.Listings()  # this probe's view of the directories
-            for device in inventory.devices:
-                self._probe(device, probing.paths[device.name], probing.files, listings, nvml_up)
+            probing = self._probing.of(self.state.inventory())
+            gone = self._gone(probing)
+            down = self._down(probing)
+            for name, what in gone.items():
+                self.state.set(name, "device-removed", "gone", f"{what} disappeared")
+            for name in self.state.having("device-removed") - gone.keys():
+                self.state.clear(name, "device-removed")
+            # A device that is gone keeps its link condition as it was.
+            for name, (ifname, state) in down.items():
+                if name not in gone:
+                    self.state.set(name, "link-down", ifname, f"interface {ifname} is {state}")
+            for name in self.state.having("link-down") - down.keys() - gone.keys():
+                self.state.clear(name, "link-down")
+            if nvml_up:
+                for device in probing.gpus:
+                    if device.name not in gone:
+                        self._probe_gpu(device)
         finally:
             if nvml_up:
                 self.nvml.nvmlShutdown()
 
     def _probing_of(self, inventory: Inventory) -> _Probing:
         sysfs, dev = str(self.sysfs), str(self.dev)
-        return _Probing({d.name: _Paths(
-            pci=(f"{sysfs}/bus/pci/devices", d.pci.bus_id) if d.pci is not None else None,
-            nodes=tuple(sysread.split(f"{dev}/{n.removeprefix('/dev/')}") for n in d.device_nodes),
-            operstate=(f"{sysfs}/class/net/{d.net_interface}/operstate"
-                       if d.kind is DeviceKind.NIC and d.net_interface else None),
-        ) for d in inventory.devices})
+        pci_dir = f"{sysfs}/bus/pci/devices"
+        entries: dict[str, dict[str, list[str]]] = {pci_dir: {}}
+        what = {pci_dir: "PCI function"}
+        links, operstate = [], []
+        for d in inventory.devices:
+            if d.pci is not None:
+                entries[pci_dir].setdefault(d.pci.bus_id, []).append(d.name)
+            for node in d.device_nodes:
+                directory, entry = sysread.split(f"{dev}/{node.removeprefix('/dev/')}")
+                entries.setdefault(directory, {}).setdefault(entry, []).append(d.name)
+                what.setdefault(directory, "device node")
+            if d.kind is DeviceKind.NIC and d.net_interface:
+                links.append((d.name, d.net_interface))
+                operstate.append(f"{sysfs}/class/net/{d.net_interface}/operstate")
+        return _Probing({directory: {entry: tuple(names) for entry, names in wanted.items()}
+                         for directory, wanted in entries.items()}, what, links, operstate,
+                        tuple(d for d in inventory.devices if d.kind in (DeviceKind.GPU, DeviceKind.MIG)))
 
-    def _probe(self, device: Device, paths: _Paths, files: sysread.HeldFiles,
-               listings: sysread.Listings, nvml_up: bool) -> None:
-        name = device.name
-        present = paths.pci is None or listings.has(*paths.pci)
-        nodes_ok = True
-        for directory, node in paths.nodes:
-            if not listings.has(directory, node):
-                nodes_ok = False
-                break
-        if not present or not nodes_ok:
-            self.state.set(name, "device-removed", "gone",
-                           f"{'PCI function' if not present else 'device node'} disappeared")
-            return
-        self.state.clear(name, "device-removed")
-        if paths.operstate is not None:
-            raw = files.read(paths.operstate)
-            state = "missing" if raw is None else raw.decode(errors="replace").strip()
-            if state in ("down", "lowerlayerdown", "missing"):
-                self.state.set(name, "link-down", device.net_interface,
-                               f"interface {device.net_interface} is {state}")
-            else:
-                self.state.clear(name, "link-down")
-        if device.kind in (DeviceKind.GPU, DeviceKind.MIG) and nvml_up:
-            uuid = str(device.attributes.get("uuid", ""))
+    @staticmethod
+    def _gone(probing: _Probing) -> dict[str, str]:
+        """Devices whose PCI function or a device node is not there: device -> which."""
+        gone: dict[str, str] = {}
+        for directory, wanted in probing.entries.items():
             try:
-                handle = self.nvml.nvmlDeviceGetHandleByUUID(uuid)
-                self.nvml.nvmlDeviceGetMemoryInfo(handle)
-                self.state.clear(name, "gpu-lost")
-            except self.nvml.NVMLError_GpuIsLost:
-                self.state.set(name, "gpu-lost", "lost", "NVML: GPU has fallen off the bus")
-            except self.nvml.NVMLError:
-                pass  # other NVML errors say nothing about this device's health
-            xid = self.state.conditions(name).get("gpu-xid")
-            if xid and self.xid_recovery_seconds and time.time() - xid.since >= self.xid_recovery_seconds:
-                self.state.clear(name, "gpu-xid")
+                present = os.listdir(directory)
+            except OSError:  # the directory is gone: so is everything in it
+                present = []
+            for entry in wanted.keys() - set(present):
+                for name in wanted[entry]:
+                    gone.setdefault(name, probing.what[directory])
+        return gone
+
+    @staticmethod
+    def _down(probing: _Probing) -> dict[str, tuple[str, str]]:
+        """NICs whose link is down: device -> (interface, its operstate)."""
+        down: dict[str, tuple[str, str]] = {}
+        for (name, ifname), raw in zip(probing.links, probing.files.read_many(probing.operstate)):
+            state = raw.strip() if raw is not None else b"missing"
+            if state in _DOWN:
+                down[name] = (ifname, state.decode())
+        return down
+
+    def _probe_gpu(self, device: Device) -> None:
+        name = device.name
+        uuid = str(device.attributes.get("uuid", ""))
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(uuid)
+            self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            self.state.clear(name, "gpu-lost")
+        except self.nvml.NVMLError_GpuIsLost:
+            self.state.set(name, "gpu-lost", "lost", "NVML: GPU has fallen off the bus")
+        except self.nvml.NVMLError:
+            pass  # other NVML errors say nothing about this device's health
+        xid = self.state.conditions(name).get("gpu-xid")
+        if xid and self.xid_recovery_seconds and time.time() - xid.since >= self.xid_recovery_seconds:
+            self.state.clear(name, "gpu-xid")

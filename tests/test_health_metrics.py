@@ -297,3 +297,23 @@ def test_a_device_whose_function_or_node_disappears_is_reported_gone_and_back(mi
     (node.dev / ".infiniband").rename(infiniband)
     prober.probe()
     assert all(state.conditions(d.name) == {} for d in rdma)
+
+    # Function and node gone at once: the function is named. A gone device's link
+    # condition stays as it was; back and up, both go.
+    operstate = node.sysfs / "class" / "net" / first.net_interface / "operstate"
+    operstate.write_text("down\n")
+    prober.probe()
+    assert set(state.conditions(first.name)) == {"link-down"}
+    function.rename(aside)
+    first_node = node.dev / first.device_nodes[0].removeprefix("/dev/")
+    first_node.rename(first_node.with_name(".aside-node"))
+    operstate.write_text("up\n")
+    prober.probe()
+    conditions = state.conditions(first.name)
+    assert conditions["device-removed"].message == "PCI function disappeared"
+    assert set(conditions) == {"device-removed", "link-down"}
+    aside.rename(function)
+    first_node.with_name(".aside-node").rename(first_node)
+    prober.probe()
+    assert state.conditions(first.name) == {}
+    assert all(state.conditions(d.name) == {} for d in result.inventory.devices)

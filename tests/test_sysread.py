@@ -61,6 +61,24 @@ def test_a_held_file_is_opened_once_and_follows_writes_in_place(tmp_path):
     assert len(files) == 0 and open_descriptors() == before
 
 
+def test_read_many_answers_each_path_in_order_as_read_would(tmp_path):
+    paths = []
+    for i in range(3):
+        (tmp_path / f"a{i}").write_text(f"{i}\n")
+        paths.append(str(tmp_path / f"a{i}"))
+    paths.insert(1, str(tmp_path / "missing"))
+    files = HeldFiles()
+    before = open_descriptors()
+    assert files.read_many(paths) == [b"0\n", None, b"1\n", b"2\n"]
+    (tmp_path / "a2").write_text("20\n")
+    assert files.read_many(paths, limit=1) == [b"0", None, b"1", b"2"]
+    assert files.read_many(paths) == [files.read(p) for p in paths]
+    assert len(files) == 3 and open_descriptors() == before + 3
+    files.close()
+    assert files.read_many(paths) == [b"0\n", None, b"1\n", b"20\n"]
+    assert open_descriptors() == before
+
+
 def test_a_gone_device_is_read_again_by_path(tmp_path, monkeypatch):
     """sysfs answers a read of a removed device's open attribute with ENODEV; a device that
     came back under the same name is then read at its path. (A regular file cannot give

@@ -83,6 +83,13 @@ class HeldFiles:
                 return read_small(path, limit)
             return self._read(path, limit)
 
+    def read_many(self, paths: list[str], limit: int = 256) -> list[bytes | None]:
+        """`read` of each path, in order, under one taking of the lock."""
+        with self._lock:
+            if self._closed:
+                return [read_small(path, limit) for path in paths]
+            return [self._read(path, limit) for path in paths]
+
     def _read(self, path: str, limit: int) -> bytes | None:
         fd = self._fds.get(path)
         if fd is not None:
@@ -168,35 +175,7 @@ def read_small(path: str, limit: int = 256) -> bytes | None:
         os.close(fd)
 
 
-class Listings:
-    """Which names directories hold, each directory listed once (on its first question):
-    one listing of /sys/bus/pci/devices answers for 2,048 VFs where a stat each would
-    cost 2,048 system calls. Made anew for each pass, so that it is never older than
-    the pass."""
-
-    def __init__(self) -> None:
-        self._names: dict[str, frozenset[str]] = {}
-
-    def has(self, directory: str, name: str) -> bool:
-        names = self._names.get(directory)
-        if names is None:
-            try:
-                names = frozenset(os.listdir(directory))
-            except OSError:  # the directory is gone: so is everything in it
-                names = frozenset()
-            self._names[directory] = names
-        return name in names
-
-
 def split(path: str) -> tuple[str, str]:
-    """'/a/b/c' -> ('/a/b', 'c'), for Listings."""
+    """'/a/b/c' -> ('/a/b', 'c'): a path as the directory to list and the name to find."""
     directory, _, name = path.rpartition("/")
     return directory or "/", name
-
-
-def exists(path: str) -> bool:
-    try:
-        os.stat(path)
-    except OSError:
-        return False
-    return True
