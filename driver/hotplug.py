@@ -43,6 +43,7 @@ class Rediscovery:
     scan: Callable[[], Any] | None = None  # the fingerprint, for the periodic pass
     diff: Callable[[Any, Any], Changes] | None = None  # two fingerprints -> Changes
     baseline: Any = None  # the fingerprint taken before `current` was discovered
+    release: Callable[[], None] | None = None  # frees what `scan` holds open, when run() ends
     runs: int = 0
     full_runs: int = 0
     events: int = 0
@@ -90,29 +91,33 @@ class Rediscovery:
         self._loop = asyncio.get_running_loop()
         self._poke = asyncio.Event()
         next_periodic = time.monotonic() + self.interval
-        while True:
-            timeout = max(0.0, next_periodic - time.monotonic())
-            await wait_event(self._poke, timeout)
-            periodic = self._first_event is None
-            if self._first_event is not None:
-                # Debounce: wait for quiet, but not beyond max_delay after the burst began.
-                while True:
-                    now = time.monotonic()
-                    wait = min(self._last_event + self.quiet, self._first_event + self.max_delay) - now
-                    if wait <= 0:
-                        break
+        try:
+            while True:
+                timeout = max(0.0, next_periodic - time.monotonic())
+                await wait_event(self._poke, timeout)
+                periodic = self._first_event is None
+                if self._first_event is not None:
+                    # Debounce: wait for quiet, but not beyond max_delay after the burst began.
+                    while True:
+                        now = time.monotonic()
+                        wait = min(self._last_event + self.quiet, self._first_event + self.max_delay) - now
+                        if wait <= 0:
+                            break
+                        self._poke.clear()
+                        await wait_event(self._poke, wait)
+                    self._first_event = None
+                elif time.monotonic() < next_periodic:
                     self._poke.clear()
-                    await wait_event(self._poke, wait)
-                self._first_event = None
-            elif time.monotonic() < next_periodic:
+                    continue
                 self._poke.clear()
-                continue
-            self._poke.clear()
-            try:
-                await self.rediscover(periodic)
-            except Exception as err:  # keep following hardware after a discovery bug
-                self.log.error("rediscovery_failed", error=repr(err))
-            next_periodic = time.monotonic() + self.interval
+                try:
+                    await self.rediscover(periodic)
+                except Exception as err:  # keep following hardware after a discovery bug
+                    self.log.error("rediscovery_failed", error=repr(err))
+                next_periodic = time.monotonic() + self.interval
+        finally:
+            if self.release is not None:
+                self.release()
 
     async def rediscover(self, periodic: bool = False) -> bool:
         pending, full = self._pending, self._full

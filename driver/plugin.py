@@ -28,7 +28,7 @@ from driver.checkpoint import Checkpoint, read_boot_id
 from driver.claims import ClaimReader
 from driver.claimstatus import StatusWriter
 from driver.config import Config
-from driver.devices import fingerprint
+from driver.devices import fingerprint, sysread
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
 from driver.devices.nvlibs import DriverFiles
@@ -128,7 +128,9 @@ class Plugin:
         def sources():
             return node.sources(config, settings.mig_mode, mig_records.owned)
 
-        baseline = fingerprint.fingerprint(node.sysfs)  # before: a change after it shows later
+        # The fingerprint's directories stay open from one periodic pass to the next.
+        dirs = sysread.HeldDirs()
+        baseline = fingerprint.fingerprint(node.sysfs, dirs)  # before: a change after it shows later
         result = discover(sources())
         log_result(result, logs.get("discovery"))
         holder = InventoryHolder(result)
@@ -197,8 +199,8 @@ class Plugin:
                                   on_change=changed, current=result,
                                   interval=config.rediscover_interval,
                                   incremental=lambda previous, what: discover(sources(), previous, what),
-                                  scan=lambda: fingerprint.fingerprint(node.sysfs),
-                                  diff=fingerprint.changes, baseline=baseline)
+                                  scan=lambda: fingerprint.fingerprint(node.sysfs, dirs),
+                                  diff=fingerprint.changes, baseline=baseline, release=dirs.close)
         health.on_loss = rediscovery.notify
         prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
         metrics.watch_state(

@@ -6,6 +6,7 @@ when only the periodic fingerprint can tell."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from driver.devices import fingerprint, mock
+from driver.devices.sysread import HeldDirs
 from driver.devices.discovery import Changes, discover
 from driver.hotplug import Rediscovery
 
@@ -65,7 +67,8 @@ def test_random_hotplug_incremental_equals_full(tmp_path):
     node = build(root, vfs)
     sources = node.sources()
     by_uevents = by_fingerprint = discover(sources)
-    baseline = fingerprint.fingerprint(sources.sysfs)
+    dirs = HeldDirs()  # as the driver takes it: directories kept open between passes
+    baseline = fingerprint.fingerprint(sources.sysfs, dirs)
     before = listing(sources.sysfs)
     silent_before = False
     for step in range(30):
@@ -76,7 +79,9 @@ def test_random_hotplug_incremental_equals_full(tmp_path):
         full = discover(sources)
 
         # Periodic only: the fingerprint finds what changed, uevents or not.
-        now = fingerprint.fingerprint(sources.sysfs)
+        now = fingerprint.fingerprint(sources.sysfs, dirs)
+        assert now == fingerprint.fingerprint(sources.sysfs), f"step {step}: a held directory read stale"
+        assert len(dirs) == len(now[0]) + len(now[1]), "what is gone is closed, what is new held"
         by_fingerprint = discover(sources, by_fingerprint, fingerprint.changes(baseline, now))
         assert by_fingerprint == full, f"step {step}: fingerprint-driven result differs"
 
@@ -130,13 +135,14 @@ def test_rediscovery_scopes_uevents_and_fingerprints_the_periodic_pass(tmp_path)
     root = tmp_path / "node"
     node = build(root, (2, 0, 0))
     sources = node.sources()
-    baseline = fingerprint.fingerprint(sources.sysfs)
+    dirs = HeldDirs()  # as the plugin wires it
+    baseline = fingerprint.fingerprint(sources.sysfs, dirs)
     first = discover(sources)
     seen = []
     rediscovery = Rediscovery(lambda: discover(sources), seen.append, first, interval=3600, quiet=0.05,
                               incremental=lambda previous, what: discover(sources, previous, what),
-                              scan=lambda: fingerprint.fingerprint(sources.sysfs),
-                              diff=fingerprint.changes, baseline=baseline)
+                              scan=lambda: fingerprint.fingerprint(sources.sysfs, dirs),
+                              diff=fingerprint.changes, baseline=baseline, release=dirs.close)
 
     async def scenario():
         task = asyncio.create_task(rediscovery.run())
@@ -161,7 +167,11 @@ def test_rediscovery_scopes_uevents_and_fingerprints_the_periodic_pass(tmp_path)
         # A notify without a name (a device lost, the MIG mode changed): a full discovery.
         rediscovery.notify()
         await wait_for(lambda: rediscovery.full_runs == 1)
+        assert len(dirs) > 0
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert len(dirs) == 0, "the fingerprint's directories are closed when rediscovery stops"
 
     asyncio.run(scenario())
     assert len(seen) == 2, "the VF, then its link going down"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from driver.devices import sysread
-from driver.devices.sysread import HeldFiles
+from driver.devices.sysread import HeldDirs, HeldFiles
 
 LOOPBACK_RX = Path("/sys/class/net/lo/statistics/rx_bytes")
 
@@ -177,3 +178,75 @@ def test_the_descriptor_limit_is_raised_to_the_hard_one():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
 
+
+
+# -- HeldDirs: attributes opened relative to a directory kept open ------------------------------
+def device_dir(root: Path, name: str, mtu: str) -> Path:
+    directory = root / "devices" / name
+    directory.mkdir(parents=True)
+    (directory / "mtu").write_text(mtu)
+    return directory
+
+
+def test_a_held_directory_follows_its_key_and_its_replacement(tmp_path):
+    """What the path leads to decides what is read: a link that now leads elsewhere (the
+    key changed: an interface name taken by another device) and a directory removed and
+    made again under the same name (ENOENT through the old descriptor) are opened again."""
+    first = device_dir(tmp_path, "a", "1500\n")
+    second = device_dir(tmp_path, "b", "9000\n")
+    link = tmp_path / "eth0"
+    link.symlink_to(first)
+    dirs = HeldDirs()
+    before = open_descriptors()
+    assert dirs.read(str(link), os.readlink(link), ("mtu", "absent")) == (b"1500\n", None)
+    assert len(dirs) == 1 and open_descriptors() == before + 1
+    (first / "mtu").write_text("1400\n")  # in place: the held directory reads it
+    assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"1400\n",)
+
+    link.unlink()
+    link.symlink_to(second)
+    # The same key would read the old device: the caller's key is what keeps it right.
+    assert dirs.read(str(link), str(first), ("mtu",)) == (b"1400\n",)
+    assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"9000\n",)
+    assert len(dirs) == 1 and open_descriptors() == before + 1
+
+    # Removed and made again under the same name and key.
+    (second / "mtu").unlink()
+    second.rmdir()
+    device_dir(tmp_path, "b", "4000\n")
+    assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"4000\n",)
+    assert len(dirs) == 1 and open_descriptors() == before + 1
+
+    # Gone for good: nothing to read, nothing held after a sweep.
+    shutil.rmtree(tmp_path / "devices" / "b")
+    assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (None,)
+    dirs.sweep()
+    dirs.sweep()
+    assert len(dirs) == 0 and open_descriptors() == before
+
+
+def test_held_directories_not_read_between_sweeps_are_closed(tmp_path):
+    paths = [device_dir(tmp_path, f"d{i}", f"{i}\n") for i in range(3)]
+    dirs = HeldDirs()
+    before = open_descriptors()
+    for path in paths:
+        dirs.read(str(path), "k", ("mtu",))
+    dirs.sweep()
+    assert len(dirs) == 3 and open_descriptors() == before + 3
+    dirs.read(str(paths[0]), "k", ("mtu",))
+    dirs.sweep()
+    assert len(dirs) == 1 and open_descriptors() == before + 1
+    dirs.close()
+    assert open_descriptors() == before
+    # Closed, or with no key, it reads by path, holding nothing.
+    assert dirs.read(str(paths[2]), "k", ("mtu",)) == (b"2\n",)
+    assert HeldDirs().read(str(paths[1]), None, ("mtu",)) == (b"1\n",)
+    assert open_descriptors() == before
+
+
+def test_past_its_limit_a_directory_is_read_by_path(tmp_path):
+    paths = [device_dir(tmp_path, f"d{i}", f"{i}\n") for i in range(3)]
+    dirs = HeldDirs(limit=2)
+    assert [dirs.read(str(p), "k", ("mtu",)) for p in paths] == [(b"0\n",), (b"1\n",), (b"2\n",)]
+    assert len(dirs) == 2
+    dirs.close()
