@@ -128,8 +128,9 @@ OPTIONS: tuple[Option, ...] = (
            "threads that run claim operations (the API GET of each claim, its file writes): "
            "claims of one request and of concurrent requests run in parallel up to this many"),
     Option("utilization_interval", "--utilization-interval", "UTILIZATION_INTERVAL", "10",
-           "seconds between utilization samples of every device (metrics, idle detection); "
-           "0 turns sampling off"),
+           "seconds between utilization samples of the GPUs and MIG devices (metrics, idle "
+           "detection; NIC counters are read at each metrics scrape); 0 turns sampling and "
+           "utilization metrics off"),
     Option("idle_after", "--idle-after", "IDLE_AFTER", "1800",
            "seconds an allocated GPU or MIG device must stay idle before its claim gets an "
            "Event and an Idle condition; 0: never"),

@@ -1,4 +1,5 @@
-"""What each device is doing now: one sample per GPU, MIG device and NIC per interval.
+"""What each device is doing now: GPUs and MIG devices from NVML (every tick of the
+monitor), NICs' counters from sysfs (when metrics are scraped), or all at once (`status`).
 
 GPUs: SM utilization from NVML's sample buffer (`nvmlDeviceGetSamples`, every sample the
 driver took since the last read: a 2 s burst between two 10 s reads is seen), falling back
