@@ -9,6 +9,8 @@ the connection the watch had.
 from __future__ import annotations
 
 import http.client
+import queue
+import threading
 import time
 
 import pytest
@@ -136,3 +138,37 @@ def test_the_emulator_keeps_a_connection_open_after_a_watch_as_the_server_does()
         connection.request("GET", "/version")
         assert connection.getresponse().status == 200
         connection.close()
+
+
+def test_a_watch_that_ends_leaves_the_other_watches_their_events(api, tmp_path):
+    """Two idle watches: the one that ends first must take only its own queue away. The
+    emulator removed queues by value, and two empty ones are equal: the watch still open
+    saw no more events (and the other's end raised ValueError in the server's thread)."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = Publisher(Kube.deferred(api.kubeconfig(tmp_path)), "accel.dra.io", "node-a",
+                          inventory=lambda: result.inventory)
+    publisher.reconcile()
+    version = str(api.state.resource_version)
+    kube = Kube.deferred(api.kubeconfig(tmp_path))
+    seen: queue.Queue = queue.Queue()
+
+    def staying() -> None:
+        query = {"watch": "1", "timeoutSeconds": "4", "resourceVersion": version}
+        for event in kube.stream(SLICES, query, timeout=10):
+            seen.put(event)
+
+    thread = threading.Thread(target=staying, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5  # the long watch waits, its queue empty...
+    while len(api.state.watchers) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(api.state.watchers) == 1
+    # ... when a short one starts and ends, its queue empty too.
+    brief = list(kube.stream(SLICES, {"watch": "1", "timeoutSeconds": "1", "resourceVersion": version},
+                             timeout=10))
+    assert brief == [] and len(api.state.watchers) == 1
+    name = sorted(api.state.slices)[0]
+    api.delete_slice(name)
+    event = seen.get(timeout=5)
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("DELETED", name)
+    thread.join(10)

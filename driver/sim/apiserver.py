@@ -637,7 +637,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             with self.state.lock:
-                self.state.watchers.remove(events)
+                # By identity: list.remove compares by value, and two idle watches' queues
+                # are equal ([]), so it took another watch's queue away, which then saw no
+                # more events (and failed its own removal later with a ValueError).
+                self.state.watchers[:] = [w for w in self.state.watchers if w is not events]
         # A watch that ended cleanly leaves its connection open for the next request, as
         # the real server's does. (Closing it without a "Connection: close" made a client
         # that reused it at once race the close: "Connection aborted", now and then.)
