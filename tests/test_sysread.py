@@ -250,3 +250,66 @@ def test_past_its_limit_a_directory_is_read_by_path(tmp_path):
     assert [dirs.read(str(p), "k", ("mtu",)) for p in paths] == [(b"0\n",), (b"1\n",), (b"2\n",)]
     assert len(dirs) == 2
     dirs.close()
+
+
+# The kernel's side of HeldDirs, on a sysfs of a network namespace of our own: interfaces
+# renamed, replaced under the same name, removed and added again. Every fingerprint taken
+# through held directories must read what a fingerprint by path reads.
+KERNEL_CHECK = r"""
+import subprocess, sys
+from pathlib import Path
+from driver.devices import fingerprint
+from driver.devices.sysread import HeldDirs
+
+root = Path(sys.argv[1])
+if subprocess.run(["mount", "-t", "sysfs", "sysfs", str(root)], capture_output=True).returncode:
+    print("cannot mount a sysfs"); sys.exit(77)
+
+def ip(*args):
+    done = subprocess.run(["ip", "link", *args], capture_output=True, text=True)
+    if done.returncode:
+        print(f"ip link {' '.join(args)}: {done.stderr.strip()}"); sys.exit(77)
+
+ip("add", "dratest0", "type", "ifb")
+dirs = HeldDirs()
+
+def check(step, mtus):
+    held, by_path = fingerprint.fingerprint(root, dirs), fingerprint.fingerprint(root)
+    assert held == by_path, (step, held[1], by_path[1])
+    for name, mtu in mtus.items():
+        assert held[1][name][2] == mtu, (step, name, held[1][name])
+
+ip("set", "dratest0", "mtu", "1400")
+check("first", {"dratest0": b"1400\n"})
+ip("set", "dratest0", "name", "dratest1")  # its entry keeps its inode; its link changes
+ip("add", "dratest0", "type", "ifb")       # the name, taken by another device: same link
+ip("set", "dratest0", "mtu", "1280")
+check("renamed, name taken", {"dratest0": b"1280\n", "dratest1": b"1400\n"})
+ip("del", "dratest0")
+ip("add", "dratest0", "type", "ifb")
+ip("set", "dratest0", "mtu", "1300")
+check("removed, added again", {"dratest0": b"1300\n"})
+ip("set", "dratest1", "name", "dratest2")
+ip("set", "dratest2", "name", "dratest1")
+ip("set", "dratest1", "mtu", "1500")
+check("renamed away and back", {"dratest1": b"1500\n"})
+functions, interfaces = fingerprint.fingerprint(root, dirs)
+assert len(dirs) == len(functions) + len(interfaces)  # lo, dratest0, dratest1: nothing stale
+print("ok")
+"""
+
+
+def test_held_directories_follow_the_kernels_renames_and_new_devices(tmp_path):
+    mountpoint = tmp_path / "sys"
+    mountpoint.mkdir()
+    try:
+        done = subprocess.run(["unshare", "--net", "--mount", sys.executable, "-c", KERNEL_CHECK,
+                               str(mountpoint)], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parent.parent)
+    except OSError as err:
+        pytest.skip(f"unshare cannot run: {err}")
+    if done.returncode == 77:
+        pytest.skip(f"no network namespace with ifb interfaces here: {done.stdout.strip()}")
+    if done.returncode and "unshare" in done.stderr and "Traceback" not in done.stderr:
+        pytest.skip(f"unshare --net --mount fails here: {done.stderr.strip()}")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

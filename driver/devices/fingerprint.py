@@ -15,9 +15,9 @@ discovery itself.
 FPGA discovery are not summarized: they always run (a handful of devices).
 
 Given a `sysread.HeldDirs`, the attributes are opened relative to each function's and
-interface's directory, kept open from one pass to the next (keyed by its link, so that a
-name that now leads elsewhere is opened again): the ~10,000 opens of a pass on
-sriov-large no longer walk the whole sysfs path each.
+interface's directory, kept open from one pass to the next (keyed by what the name leads
+to, so that a name another device has taken is opened again): the ~10,000 opens of a
+pass on sriov-large no longer walk the whole sysfs path each.
 """
 
 from __future__ import annotations
@@ -39,14 +39,25 @@ def _link(path: str) -> str | None:
         return None
 
 
-def _listing(path: str) -> list[str]:
+def _entries(path: str) -> list[tuple[str, int]]:
+    """A directory's names and their inode numbers (from the same getdents call)."""
     try:
-        return os.listdir(path)
+        with os.scandir(path) as entries:
+            return [(entry.name, entry.inode()) for entry in entries]
     except OSError:
         return []
 
 
 Fingerprint = tuple[dict[str, tuple], dict[str, tuple]]  # (by PCI address, by interface)
+
+
+def _key(inode: int, link: str | None) -> tuple[int, str] | None:
+    """What a name leads to now, for HeldDirs: its entry's inode and its link. The link
+    alone is not enough: a virtual interface's is ../../devices/virtual/net/NAME, the same
+    for whichever device has the name, and so are two ports of one PCI function swapping
+    names. The entry (a symlink in sysfs) is made anew when a device takes the name, and
+    keeps its inode when its device is renamed; kernfs does not reuse inode numbers soon."""
+    return (inode, link) if link is not None else None
 
 
 def _by_path(directory: str, key: object, names: tuple[str, ...]) -> tuple[bytes | None, ...]:
@@ -57,17 +68,18 @@ def fingerprint(sysfs: Path, dirs: HeldDirs | None = None) -> Fingerprint:
     read = dirs.read if dirs is not None else _by_path
     functions: dict[str, tuple] = {}
     bus = f"{sysfs}/bus/pci/devices"
-    for bdf in _listing(bus):
+    for bdf, inode in _entries(bus):
         if pci.BDF.match(bdf):
             base = f"{bus}/{bdf}"
             link = _link(base)
-            functions[bdf] = (link, *read(base, link, ("device",)), _link(f"{base}/driver"))
+            functions[bdf] = (link, *read(base, _key(inode, link), ("device",)),
+                              _link(f"{base}/driver"))
     interfaces: dict[str, tuple] = {}
     net = f"{sysfs}/class/net"
-    for ifname in _listing(net):
+    for ifname, inode in _entries(net):
         base = f"{net}/{ifname}"
         link = _link(base)
-        interfaces[ifname] = (link, *read(base, link, _NET_ATTRIBUTES))
+        interfaces[ifname] = (link, *read(base, _key(inode, link), _NET_ATTRIBUTES))
     if dirs is not None:
         dirs.sweep()
     return functions, interfaces

@@ -134,8 +134,9 @@ class HeldDirs:
     no page of kernel memory, where an open attribute holds one.
 
     A held directory is the kernel object it was opened on, wherever it has moved since
-    (a renamed interface). The caller passes a `key`, what the path leads to now (its
-    symlink's target): a different key opens the path again. A read that finds no such
+    (a renamed interface). The caller passes a `key` that says which object the path leads
+    to now (the fingerprint: its entry's inode and link target): a different key opens the
+    path again. A read that finds no such
     file (ENOENT: the directory removed, perhaps back under the same name) opens the
     path again and tries once more. Directories not read between two `sweep`s are closed.
     """
