@@ -136,9 +136,9 @@ class HeldDirs:
     A held directory is the kernel object it was opened on, wherever it has moved since
     (a renamed interface). The caller passes a `key` that says which object the path leads
     to now (the fingerprint: its entry's inode and link target): a different key opens the
-    path again. A read that finds no such
-    file (ENOENT: the directory removed, perhaps back under the same name) opens the
-    path again and tries once more. Directories not read between two `sweep`s are closed.
+    path again. A read that finds no such file (ENOENT: the directory removed, perhaps
+    back under the same name) opens the path again and tries once more. Directories not
+    read between two `sweep`s are closed.
     """
 
     def __init__(self, limit: int | None = None) -> None:
