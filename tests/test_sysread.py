@@ -262,11 +262,18 @@ from driver.devices import fingerprint
 from driver.devices.sysread import HeldDirs
 
 root = Path(sys.argv[1])
-if subprocess.run(["mount", "-t", "sysfs", "sysfs", str(root)], capture_output=True).returncode:
-    print("cannot mount a sysfs"); sys.exit(77)
+try:
+    mounted = subprocess.run(["mount", "-t", "sysfs", "sysfs", str(root)], capture_output=True)
+except FileNotFoundError:
+    print("no `mount` command"); sys.exit(77)
+if mounted.returncode:
+    print(f"cannot mount a sysfs: {mounted.stderr.decode().strip()}"); sys.exit(77)
 
 def ip(*args):
-    done = subprocess.run(["ip", "link", *args], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["ip", "link", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        print("no `ip` command (iproute2)"); sys.exit(77)
     if done.returncode:
         print(f"ip link {' '.join(args)}: {done.stderr.strip()}"); sys.exit(77)
 
