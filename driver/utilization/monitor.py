@@ -121,22 +121,11 @@ class UtilizationMonitor:
         last = self._last
         if last is None:
             return ()
-        counters = self.sampler.counters()
-        now = self.clock()
-        views = []
-        for device in sorted(self.sampler.inventory().devices, key=lambda d: d.name):
-            name = device.name
-            sample = last.samples.get(name)
-            if sample is None:
-                if name in counters:
-                    rx, tx = counters[name]
-                    sample = Sample(name, device.kind, now, rx_bytes=rx, tx_bytes=tx)
-                else:
-                    sample = Sample(name, device.kind, last.at)
-            holders = tuple(last.held.get(name, ()))
-            views.append(DeviceView(sample, holders, {
-                h.uid: self.tracker.idle_for(name, h.uid, last.at) for h in holders}))
-        return tuple(views)
+        samples = self.sampler.completed(last.samples, self.clock())
+        return tuple(
+            DeviceView(sample, tuple(last.held.get(name, ())),
+                       {h.uid: self.tracker.idle_for(name, h.uid, last.at) for h in last.held.get(name, ())})
+            for name, sample in sorted(samples.items()))
 
     def _report(self, period: Period, sample: Sample | None, now: float) -> None:
         if sample is None:

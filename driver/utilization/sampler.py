@@ -68,7 +68,12 @@ class Sampler:
         """Every device now: GPUs' and MIG devices' activity, NICs' counters, and an
         allocation-only sample of the rest (`dra-driver status`)."""
         now = self.clock()
-        out = self.activity(now)
+        return self.completed(self.activity(now), now)
+
+    def completed(self, activity: dict[str, Sample], now: float) -> dict[str, Sample]:
+        """`activity` (the GPUs' samples) and every other device of the inventory: a NIC
+        with its counters read now, the rest allocation-only."""
+        out = dict(activity)
         counters = self.counters()
         for device in self.inventory().devices:
             if device.name in counters:
