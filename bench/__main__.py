@@ -496,7 +496,7 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
 
     figures = {}
     for name, step in (("floor", floor), ("one by one", one_by_one), ("probe", prober.probe),
-                       ("sample", sampler.counters), ("tick", monitor.tick),
+                       ("counters", sampler.counters), ("tick", monitor.tick),
                        ("scrape", lambda: generate_latest(metrics.registry))):
         step()
         cpu = []
@@ -510,16 +510,16 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
     prober.close()
     sampler.close()
     shutil.rmtree(state, ignore_errors=True)
-    probe, sample, base = figures["probe"], figures["sample"], figures["floor"]
+    probe, counters, base = figures["probe"], figures["counters"], figures["floor"]
     table.value("sriov-large: health probe, 2,048 VFs", f"{probe * 1000:.1f} ms CPU",
                 f"{probe / 5 * 100:.2f} % of a core at 5 s")
-    table.value("sriov-large: NIC counters of a /metrics scrape, 2,048 VFs", f"{sample * 1000:.1f} ms CPU",
-                f"{sample / 30 * 100:.2f} % of a core at a 30 s scrape interval")
+    table.value("sriov-large: NIC counters of a /metrics scrape, 2,048 VFs", f"{counters * 1000:.1f} ms CPU",
+                f"{counters / 30 * 100:.2f} % of a core at a 30 s scrape interval")
     table.value("sriov-large: utilization tick, 2,048 VFs", f"{figures['tick'] * 1000:.2f} ms CPU",
                 f"{figures['tick'] / 10 * 100:.3f} % of a core at 10 s; no NIC counter read")
     table.value("sriov-large: whole /metrics scrape, 2,048 VFs", f"{figures['scrape'] * 1000:.1f} ms CPU",
                 "views, counters, text exposition")
-    table.value("sriov-large: probe + counters / their syscalls alone", f"{(probe + sample) / base:.2f}x",
+    table.value("sriov-large: probe + counters / their syscalls alone", f"{(probe + counters) / base:.2f}x",
                 f"floor {base * 1000:.1f} ms CPU ({len(directories)} listings, {len(reads)} preads)")
     table.value("sriov-large: those checks path by path / as done",
                 f"{figures['one by one'] / base:.2f}x",
@@ -533,9 +533,8 @@ def bench_rediscovery(table: Table, scratch: Path, sources, result, full: float)
     publish it causes, in this thread's CPU (the emulator serves on other threads)."""
     from driver.devices import fingerprint, mock
     from driver.devices.discovery import Changes, discover
-    from driver.publisher import Publisher
-
     from driver.devices.sysread import HeldDirs
+    from driver.publisher import Publisher
 
     dirs = HeldDirs()  # as the driver takes the fingerprint: directories kept open
     baseline = fingerprint.fingerprint(sources.sysfs, dirs)
