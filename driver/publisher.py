@@ -6,10 +6,14 @@ field selectors spec.nodeName and spec.driver) and writes only the difference:
 * Same device partition (same slice names holding the same device names) at one
   generation: update only slices whose content changed, generation unchanged. Nothing
   changed: zero writes.
-* Partition changed (devices added/removed, a slice split by the taint limit) or the
-  pool is inconsistent: write every desired slice at generation+1, then delete the rest.
-  The scheduler trusts a pool only when all slices of its highest generation are there,
-  so it never mixes old and new device sets.
+* Devices added to or removed from one slice only (a VF of a PF; driver/slices.py keeps a
+  PF and its VFs in one slice), the other slices holding the same devices: that slice is
+  updated in place, generation unchanged. One update is atomic, so no consumer can see a
+  device twice or miss one that stays.
+* Otherwise (a device moving between slices, a slice added or removed, a slice split by
+  the taint limit) or when the pool is inconsistent: write every desired slice at
+  generation+1, then delete the rest. The scheduler trusts a pool only when all slices of
+  its highest generation are there, so it never mixes old and new device sets.
 
 Quantities are compared by value: the API server stores `40960Mi` as `40Gi`, and a
 string comparison would rewrite such a slice on every pass. Updates start from the live
@@ -140,6 +144,17 @@ def _dropped(sent: dict, stored: dict | None, device_field: str, spec_field: str
 def _partition(objects: Sequence[dict]) -> dict[str, tuple[str, ...]]:
     return {o["metadata"]["name"]: tuple(d.get("name") for d in o.get("spec", {}).get("devices") or [])
             for o in objects}
+
+
+def _one_slice_regrouped(known: Mapping[str, tuple], want: Mapping[str, tuple], have: Mapping) -> bool:
+    """The device set changed within one existing slice only (a VF added to or removed from
+    its PF's slice). One update is atomic: every consumer sees each device once, in the old
+    slice or the new one, so the generation may stay, as the upstream slice controller keeps
+    it when one update suffices. A device moving between slices changes two of them, and
+    a slice created or deleted changes the count: both take a new generation."""
+    if not (set(known) == set(want) == set(have)):
+        return False
+    return sum(known[name] != devices for name, devices in want.items()) == 1
 
 
 def _pool(obj: dict, field_name: str) -> int | None:
@@ -375,10 +390,9 @@ class Publisher:
         known = self._published if self._published and self._published[0] == current else (current, have)
         in_place = (
             len(generations) == 1
-            and known[1] == want
-            and set(have) <= set(want)
             and None not in generations
             and all(_pool(s, "resourceSliceCount") == len(desired) for s in existing.values())
+            and (known[1] == want and set(have) <= set(want) or _one_slice_regrouped(known[1], want, have))
         )
         writes = 0
         changed = [o for o in desired if o["metadata"]["name"] not in existing
@@ -389,6 +403,9 @@ class Publisher:
             for obj in changed:
                 writes += self._put(obj, existing.get(obj["metadata"]["name"]))
             generation = current
+            for name in (n for n, devices in want.items() if known[1].get(n) != devices):
+                self.log.info("pool_slice_devices_changed", generation=generation, slice=name,
+                              devices=len(want[name]), before=len(known[1].get(name) or ()))
         else:
             generation = current + 1
             self._desired = None  # built for the old generation: not the next pass's

@@ -3,6 +3,11 @@
 Devices are grouped by kind and cut into chunks in name order, and each slice has a fixed
 name (node, driver, kind, chunk). A change to one NIC therefore touches the NIC slices and
 leaves the GPU slices byte-identical, which is what keeps the publisher's writes minimal.
+
+Within a kind, devices that come and go together stay in one slice: an SR-IOV PF and its
+VFs (the kernel adds and removes VFs when the PF's sriov_numvfs changes). A VF added or
+removed then changes only its PF's slice, which the publisher writes alone, in place (see
+driver/publisher.py), instead of moving every later device into the next slice.
 """
 
 from __future__ import annotations
@@ -135,8 +140,8 @@ def build(
     for kind in DeviceKind:
         devices = tuple(d for d in inventory.by_kind(kind) if not d.consumes)
         limit = MAX_DEVICES_WITH_TAINTS if any(taints.get(d.name) for d in devices) else MAX_DEVICES
-        for index, start in enumerate(range(0, len(devices), limit)):
-            chunks.append((kind.value, index, devices[start:start + limit], ()))
+        for index, chunk in enumerate(_pack(devices, limit)):
+            chunks.append((kind.value, index, chunk, ()))
     if layout is not None:
         chunks += _partitionable(inventory, layout)
     # Nothing to publish: no slice at all (an empty one only adds an object per node for
@@ -166,6 +171,40 @@ def build(
         slices.append({"apiVersion": f"{API_GROUP}/{api_version}", "kind": "ResourceSlice",
                        "metadata": metadata, "spec": spec})
     return slices
+
+
+def family(device: Device) -> str:
+    """What a device comes and goes with: a VF with its PF (both keyed by the PF's PCI
+    address); any other device is a family of its own."""
+    if device.kind is DeviceKind.NIC:
+        pf = device.attributes.get("pfPciBusID")
+        if isinstance(pf, str):
+            return f"pci:{pf}"
+        if device.pci is not None:
+            return f"pci:{device.pci.bus_id}"
+    return f"name:{device.name}"
+
+
+def _pack(devices: Sequence[Device], limit: int) -> list[tuple[Device, ...]]:
+    """Chunks of at most `limit` devices, in name order, that do not split a family unless
+    it alone is larger than a slice. A family is placed where its first device (by name)
+    falls; with families of one device this is plain name order."""
+    families: dict[str, list[Device]] = {}
+    for device in devices:
+        families.setdefault(family(device), []).append(device)
+    chunks: list[tuple[Device, ...]] = []
+    current: list[Device] = []
+    for members in families.values():
+        if len(current) + len(members) > limit and current:
+            chunks.append(tuple(current))
+            current = []
+        while len(members) > limit:  # larger than a slice: whole slices of its own first
+            chunks.append(tuple(members[:limit]))
+            members = members[limit:]
+        current += members
+    if current:
+        chunks.append(tuple(current))
+    return chunks
 
 
 def _partitionable(inventory: Inventory, layout: str) -> list[tuple[str, int, tuple[Device, ...], tuple[str, ...]]]:

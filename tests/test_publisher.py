@@ -249,13 +249,82 @@ def test_hotplug_64_vfs_is_one_republish_and_removal_removes(api, tmp_path):
         time.sleep(1.0)
         assert rediscovery.runs == 1 and rediscovery.events == 128
         assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-0")], "one republish"
-        assert api.slices()[0]["spec"]["pool"]["generation"] == 2
+        # The VFs joined their PF's slice, the only one that changed: one atomic update, so
+        # the generation stays (see the next tests).
+        assert api.slices()[0]["spec"]["pool"]["generation"] == 1
 
         profile = mock.parse(NIC_PROFILE.split("  - numa: 1")[0] % 64, "nic.yaml")
         mock.build(profile, root)  # the E810 is gone
         rediscovery.notify("pci", "remove")
         assert api.wait_for(lambda: "nic-0000-21-00-0" not in devices_in_api(api), timeout=10)
         assert len(devices_in_api(api)) == 65
+
+
+TWO_PFS = """
+managementNic: {model: i350, ifName: eno1}
+roots:
+  - numa: 0
+    devices:
+      - {type: nic, model: connectx-6dx, vfs: %d}
+      - {type: nic, model: connectx-6dx, vfs: %d}
+  - numa: 1
+    devices:
+      - {type: nic, model: e810, vfs: 2}
+"""
+
+
+def test_vfs_added_or_removed_rewrite_their_pfs_slice_alone(api, tmp_path):
+    """A PF and its VFs share a slice; VFs added to or removed from it are one update at
+    the same generation, even from a fresh process. A change that moves devices between
+    slices or changes the slice count takes a new generation, as before."""
+    root = tmp_path / "m"
+
+    def rediscover(a: int, b: int) -> Inventory:
+        node = mock.build(mock.parse(TWO_PFS % (a, b), "nic.yaml"), root)
+        return discover(node.sources()).inventory
+
+    holder = Holder(rediscover(70, 70))
+    publisher = make_publisher(api, tmp_path, holder)
+    publisher.reconcile()
+    first, second = f"{NODE}-{DRIVER}-nic-0", f"{NODE}-{DRIVER}-nic-1"
+
+    def published() -> list[tuple[str, int, int]]:
+        for obj in api.slices():
+            assert slice_errors(obj) == []
+        names = [d["name"] for s in api.slices() for d in s["spec"]["devices"]]
+        assert sorted(names) == sorted(d.name for d in holder.inventory.devices), "each device once"
+        return sorted((s["metadata"]["name"], len(s["spec"]["devices"]), s["spec"]["pool"]["generation"])
+                      for s in api.slices())
+
+    assert published() == [(first, 71, 1), (second, 74, 1)]
+
+    for counts, writes, expected in (
+            ((71, 70), [("update", first)], [(first, 72, 1), (second, 74, 1)]),  # one VF more
+            ((71, 60), [("update", second)], [(first, 72, 1), (second, 64, 1)]),  # ten fewer
+    ):
+        api.reset_writes()
+        holder.inventory = rediscover(*counts)
+        assert publisher.reconcile() == len(writes) and api.writes() == writes
+        assert published() == expected
+
+    # A fresh process (an upgrade, a restart) trusts what the server has: still one update.
+    api.reset_writes()
+    holder.inventory = rediscover(80, 60)
+    assert make_publisher(api, tmp_path, holder).reconcile() == 1
+    assert api.writes() == [("update", first)] and published() == [(first, 81, 1), (second, 64, 1)]
+
+    # The second PF no longer fits beside the E810: a third slice, so a new generation.
+    api.reset_writes()
+    holder.inventory = rediscover(80, 125)
+    assert publisher.reconcile() == 3
+    assert api.writes() == [("update", first), ("update", second), ("create", f"{NODE}-{DRIVER}-nic-2")]
+    assert published() == [(first, 81, 2), (second, 126, 2), (f"{NODE}-{DRIVER}-nic-2", 3, 2)]
+
+    # Both PFs fit one slice again: devices move and a slice goes, so a new generation.
+    api.reset_writes()
+    holder.inventory = rediscover(40, 20)
+    publisher.reconcile()
+    assert published() == [(first, 41 + 21 + 3, 3)]
 
 
 def test_periodic_rediscovery_catches_missed_events(api, tmp_path):

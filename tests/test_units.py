@@ -174,6 +174,35 @@ def test_slices_group_by_kind_and_respect_taint_limit():
     assert slices.build(Inventory(), pool, 1) == [], "a node with nothing to publish has no slice"
 
 
+def test_slices_keep_a_pf_and_its_vfs_together():
+    """A PF and its VFs share a slice unless they alone overflow one, so that a VF added or
+    removed changes that slice only; devices without a family keep plain name order."""
+    from driver.devices.model import PciLocation
+
+    def pf(bus: str, vfs: int) -> list[Device]:
+        out = [Device(f"nic-{bus}-pf", DeviceKind.NIC, {"type": "nic"}, pci=PciLocation(bus, None, None))]
+        out += [Device(f"nic-{bus}-vf{i:03d}", DeviceKind.NIC, {"type": "nic", "pfPciBusID": bus},
+                       pci=PciLocation(f"{bus}.{i}", None, None)) for i in range(vfs)]
+        return out
+
+    pool = slices.PoolIdentity("accel.dra.io", "node-a")
+
+    def sizes(devices) -> list[list[str]]:
+        built = slices.build(Inventory(tuple(devices)), pool, 1)
+        return [sorted({d["name"].split("-vf")[0].removesuffix("-pf") for d in s["spec"]["devices"]})
+                + [len(s["spec"]["devices"])] for s in built]
+
+    # Name order alone would cut a (71), b (71), c (3) into 128 + 17 and split b.
+    assert sizes(pf("a", 70) + pf("b", 70) + pf("c", 2)) == [["nic-a", 71], ["nic-b", "nic-c", 74]]
+    # One VF more for a: only a's slice changes.
+    assert sizes(pf("a", 71) + pf("b", 70) + pf("c", 2)) == [["nic-a", 72], ["nic-b", "nic-c", 74]]
+    # A family larger than a slice fills whole slices, and the rest goes on with the next.
+    assert sizes(pf("a", 200) + pf("b", 2)) == [["nic-a", 128], ["nic-a", "nic-b", 76]]
+    # Families of one (GPUs, PFs without VFs) are cut in name order, as before.
+    gpus = [Device(f"gpu-{i:03d}", DeviceKind.GPU, {"type": "gpu"}) for i in range(130)]
+    assert [len(s["spec"]["devices"]) for s in slices.build(Inventory(tuple(gpus)), pool, 1)] == [128, 2]
+
+
 def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
     """A bug reached by one claim (here: a reader that raises KeyError) becomes that claim's
     error; the other claim of the request is prepared."""
