@@ -72,16 +72,47 @@ def build(profile: Profile, root: Path) -> MockNode:
             shutil.rmtree(aside, ignore_errors=True)
             (root / name).rename(aside)
             kept.append((aside, name))
+    numbered = _rdma_numbers(root / "sys")
     if root.exists():
         shutil.rmtree(root)
     for aside, name in kept:
         root.mkdir(parents=True, exist_ok=True)
         aside.rename(root / name)
-    writer = _Writer(root)
+    writer = _Writer(root, numbered)
     writer.write_profile(profile, boot_id)
     (root / STAMP).write_text(_fingerprint(profile))
     writer.file(root / PCI_IDS, catalog.pci_ids())
     return _node(root, writer, profile)
+
+
+def _rdma_numbers(sysfs: Path) -> dict[str, tuple[int, str]]:
+    """PCI function -> (uverbs number, ibdev name) of the tree being replaced. The kernel
+    numbers uverbs devices and names RDMA devices (mlx5_N) when they appear, with the lowest
+    free number, and never renumbers one that stays: a rebuilt tree keeps them, so that a
+    VF added does not look like every later function's RDMA device moving."""
+    numbers: dict[str, tuple[int, str]] = {}
+    verbs = sysfs / "class" / "infiniband_verbs"
+    try:
+        entries = os.listdir(verbs)
+    except OSError:
+        return numbers
+    for entry in entries:
+        target = verbs / entry
+        try:
+            ibdev = (target / "ibdev").read_text().strip()
+            function = target.resolve().parent.parent.name
+        except OSError:
+            continue
+        if entry.startswith("uverbs") and entry[6:].isdigit():
+            numbers[function] = (int(entry[6:]), ibdev)
+    return numbers
+
+
+def _lowest_free(taken: set[int]) -> int:
+    number = 0
+    while number in taken:
+        number += 1
+    return number
 
 
 STAMP = ".profile"
@@ -126,7 +157,7 @@ def _ifname(domain: str, bus: int) -> str:
 
 
 class _Writer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, rdma_numbers: dict[str, tuple[int, str]] | None = None) -> None:
         self.sys = root / "sys"
         self.dev = root / "dev"
         self.proc = root / "proc"
@@ -134,8 +165,16 @@ class _Writer:
         self.gpus: list[FakeGpu] = []
         self.interfaces: list[str] = []
         self._mknod_ok = True
-        self._uverbs = 0
-        self._ibdev: dict[str, int] = {}
+        # RDMA numbers the functions had in the tree this one replaces: kept, and not given
+        # to a new function (see _rdma_numbers).
+        self._rdma_numbers = rdma_numbers or {}
+        self._uverbs: set[int] = {n for n, _ in self._rdma_numbers.values()}
+        self._rdma_devices = 0
+        self._ibdev: dict[str, set[int]] = {}
+        for _, name in self._rdma_numbers.values():
+            prefix = name.rstrip("0123456789")
+            if name[len(prefix):]:
+                self._ibdev.setdefault(prefix, set()).add(int(name[len(prefix):]))
         self._render = 128
         self._xclmgmt = 0
         self._dfl_region = 0
@@ -215,7 +254,7 @@ class _Writer:
                     self.dfl(port, f"{ep}.0", card, root_spec.numa)
         mgmt = (profile.management_nic.ifname or "eno1") if profile.management_nic else None
         self.addresses(route, [i for i in self.interfaces if i != mgmt])
-        if self._uverbs:
+        if self._rdma_devices:
             self.node("/dev/infiniband/rdma_cm")
         if self.gpus:
             for control in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
@@ -368,12 +407,19 @@ class _Writer:
 
     def rdma(self, function: Path) -> None:
         prefix = "mlx5_" if (function / "driver").resolve().name == "mlx5_core" else "irdma"
-        index = self._ibdev.get(prefix, 0)
-        self._ibdev[prefix] = index + 1
-        ibdev = f"{prefix}{index}"
+        known = self._rdma_numbers.get(function.name)
+        if known is not None and known[1].startswith(prefix):
+            number, ibdev = known
+        else:
+            taken = self._ibdev.setdefault(prefix, set())
+            index = _lowest_free(taken)
+            taken.add(index)
+            ibdev = f"{prefix}{index}"
+            number = _lowest_free(self._uverbs)
+            self._uverbs.add(number)
         (function / "infiniband" / ibdev).mkdir(parents=True)
-        uverbs = f"uverbs{self._uverbs}"
-        self._uverbs += 1
+        uverbs = f"uverbs{number}"
+        self._rdma_devices += 1
         verbs = function / "infiniband_verbs" / uverbs
         self.file(verbs / "ibdev", ibdev)
         self.link(self.sys / "class" / "infiniband_verbs" / uverbs, verbs)
