@@ -108,18 +108,23 @@ def test_one_vf_is_read_again_not_the_node(tmp_path):
     changes = uevents(before, listing(sources.sysfs))
     assert len(changes.functions) == 1 and len(changes.interfaces) == 1
     reads: list[str] = []
-    real_open = open
+    links: list[str] = []
+    real_open, real_readlink = open, os.readlink
 
     def counting_open(path, *args, **kwargs):
         reads.append(str(path))
         return real_open(path, *args, **kwargs)
 
+    def counting_readlink(path, *args, **kwargs):
+        links.append(str(path))
+        return real_readlink(path, *args, **kwargs)
+
     import builtins
-    builtins.open = counting_open
+    builtins.open, os.readlink = counting_open, counting_readlink
     try:
         second = discover(sources, first, changes)
     finally:
-        builtins.open = real_open
+        builtins.open, os.readlink = real_open, real_readlink
     assert second == discover(sources)
     (vf,) = changes.functions
     pf = second.inventory.get("nic-" + vf.replace(":", "-").replace(".", "-")).attributes["pfPciBusID"]
@@ -129,6 +134,49 @@ def test_one_vf_is_read_again_not_the_node(tmp_path):
                and not r.endswith(("/route", "/ipv6_route"))]
     assert not outside, f"read beyond the VF and its PF: {sorted(outside)[:5]}"
     assert len(sysfs_reads) < 60, (len(sysfs_reads), sorted(touched))
+    # Where the other interfaces and uverbs entries lead is not asked again either: the
+    # new VF's interface and entry, and the entries of the VF's PF (read again with it).
+    (ifname,) = changes.interfaces
+    class_links = {p.split("/class/", 1)[1] for p in links
+                   if "/class/" in p and p.split("/class/", 1)[1].count("/") == 1}
+    pf_entries = {e for e in os.listdir(sources.sysfs / "class" / "infiniband_verbs")
+                  if os.path.realpath(sources.sysfs / "class" / "infiniband_verbs" / e).split("/")[-3] in (vf, pf)}
+    assert class_links == {f"net/{ifname}"} | {f"infiniband_verbs/{e}" for e in pf_entries}
+
+
+def test_a_uverbs_entry_that_moves_is_read_again(tmp_path):
+    """The kernel numbers uverbs entries lowest free: two VFs' RDMA devices re-created in
+    the other order swap numbers, with no interface changing. The fingerprint names both
+    functions, and so do their uevents; either way discovery reads those entries again,
+    and only those."""
+    root = tmp_path / "node"
+    node = build(root, (2, 0, 0))
+    sources = node.sources()
+    first = discover(sources)
+    baseline = fingerprint.fingerprint(sources.sysfs)
+    verbs = sources.sysfs / "class" / "infiniband_verbs"
+    a, b = sorted(os.listdir(verbs))[1:3]  # uverbs0 is the PF's; these are its two VFs'
+    dir_a, dir_b = (verbs / a).resolve(), (verbs / b).resolve()
+    function_a, function_b = dir_a.parent.parent.name, dir_b.parent.parent.name
+    ibdev_a, ibdev_b = (dir_a / "ibdev").read_text(), (dir_b / "ibdev").read_text()
+    for gone in (dir_a, dir_b):
+        (gone / "ibdev").unlink()
+        gone.rmdir()
+    # B's RDMA device now has entry `a`, A's has `b`; the RDMA devices keep their names.
+    for entry, function_dir, ibdev in ((a, dir_b.parent, ibdev_b), (b, dir_a.parent, ibdev_a)):
+        (function_dir / entry).mkdir()
+        (function_dir / entry / "ibdev").write_text(ibdev)
+        (verbs / entry).unlink()
+        (verbs / entry).symlink_to(os.path.relpath(function_dir / entry, verbs))
+    full = discover(sources)
+    assert full != first, "the NICs' uverbs device nodes changed"
+
+    now = fingerprint.fingerprint(sources.sysfs)
+    by_fingerprint = fingerprint.changes(baseline, now)
+    assert by_fingerprint == Changes(frozenset({function_a, function_b}), frozenset())
+    assert discover(sources, first, by_fingerprint) == full
+    by_uevents = Changes(functions=frozenset({function_a, function_b}))
+    assert discover(sources, first, by_uevents) == full
 
 
 def test_rediscovery_scopes_uevents_and_fingerprints_the_periodic_pass(tmp_path):

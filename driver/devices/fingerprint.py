@@ -8,8 +8,10 @@ per PCI function, where it sits, its device ID and its driver (links and one sma
 and per interface where it sits and the attributes that change under a running driver
 (address, MTU, operstate, speed); everything else a function or an interface publishes
 stays fixed while those do (it changes with a remove and add, which changes the listing).
-The inputs every NIC reads (the uverbs devices, the default routes) are compared inside
-discovery itself.
+It also reads where each uverbs entry (an RDMA device's user-space handle) leads: an
+entry that came, went or moved names the functions it led from and to, and discovery
+reads no uverbs entry of a function nobody named. The default routes, which every NIC
+reads, are compared inside discovery itself.
 
 `changes(old, new)` turns two fingerprints into the `Changes` discovery takes. NVML and
 FPGA discovery are not summarized: they always run (a handful of devices).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from driver.devices import pci
+from driver.devices import net, pci
 from driver.devices.discovery import Changes
 from driver.devices.sysread import HeldDirs, read_small
 
@@ -48,7 +50,8 @@ def _entries(path: str) -> list[tuple[str, int]]:
         return []
 
 
-Fingerprint = tuple[dict[str, tuple], dict[str, tuple]]  # (by PCI address, by interface)
+# (by PCI address, by interface, uverbs entry -> its link)
+Fingerprint = tuple[dict[str, tuple], dict[str, tuple], dict[str, str | None]]
 
 
 def _key(inode: int, link: str | None) -> tuple[int, str] | None:
@@ -80,14 +83,19 @@ def fingerprint(sysfs: Path, dirs: HeldDirs | None = None) -> Fingerprint:
         base = f"{net}/{ifname}"
         link = _link(base)
         interfaces[ifname] = (link, *read(base, _key(inode, link), _NET_ATTRIBUTES))
+    verbs = f"{sysfs}/class/infiniband_verbs"
+    uverbs = {entry: _link(f"{verbs}/{entry}") for entry, _ in _entries(verbs) if entry.startswith("uverbs")}
     if dirs is not None:
         dirs.sweep()
-    return functions, interfaces
+    return functions, interfaces, uverbs
 
 
 def changes(old: Fingerprint, new: Fingerprint) -> Changes:
-    """What differs: added, removed or changed functions and interfaces."""
-    return Changes(_differing(old[0], new[0]), _differing(old[1], new[1]))
+    """What differs: added, removed or changed functions and interfaces, and the functions
+    a uverbs entry that came, went or moved led from or leads to."""
+    moved = {net.uverbs_owner(link) for entry in _differing(old[2], new[2])
+             for link in (old[2].get(entry), new[2].get(entry))}
+    return Changes(_differing(old[0], new[0]) | (moved - {None}), _differing(old[1], new[1]))
 
 
 def _differing(old: dict[str, tuple], new: dict[str, tuple]) -> frozenset[str]:

@@ -147,7 +147,7 @@ def _readlink(path: str) -> str | None:
         return None
 
 
-def _owner(link: str | None) -> str | None:
+def uverbs_owner(link: str | None) -> str | None:
     """The PCI function of a uverbs entry, from its link (`.../0000:17:00.2/infiniband_verbs/uverbs3`)."""
     parts = (link or "").split("/")
     for part in reversed(parts):
@@ -192,16 +192,18 @@ class NicDiscovery:
         links: dict[str, str | None] = {}  # interfaces found (again) to be a function's
         net_dir = str(class_net)
         for ifname in interfaces:
-            link = _readlink(f"{net_dir}/{ifname}")
             known = self.previous.outcomes.get(ifname)
-            if (known is not None and link is not None and known.link == link
-                    and ifname not in self.fresh_interfaces):
+            # Not named by a uevent nor by the fingerprint, which compares every
+            # interface's link: where it leads is what it was (a name another device took
+            # comes with a remove and an add, which name it).
+            if known is not None and ifname not in self.fresh_interfaces:
                 if known.bdf is None:
                     outcomes[ifname] = known
                     problems.items.extend(known.problems)
                 else:
                     by_function[known.bdf].append(ifname)
                 continue
+            link = _readlink(f"{net_dir}/{ifname}")
             resolved = (class_net / ifname).resolve()
             if resolved.is_relative_to(virtual):
                 outcomes[ifname] = NicOutcome(ifname, link, None)
@@ -226,7 +228,8 @@ class NicDiscovery:
         # moved makes that function's NICs be read again, not every NIC.
         moved = {e for e in self.memo.uverbs.keys() | self.previous.uverbs.keys()
                  if self.memo.uverbs.get(e) != self.previous.uverbs.get(e)}
-        owners = {_owner(self.memo.uverbs.get(e, self.previous.uverbs.get(e))[0]) for e in moved}
+        owners = {uverbs_owner(known[0]) for e in moved
+                  for known in (self.memo.uverbs.get(e), self.previous.uverbs.get(e)) if known is not None}
         default_route = default_route_interfaces(self.proc)
         self.memo.shared = (default_route, self.filter)
         shared_unchanged = self.previous.shared == self.memo.shared and None not in owners
@@ -297,11 +300,18 @@ class NicDiscovery:
         for entry in entries:
             if not entry.startswith("uverbs"):
                 continue
-            # A uverbs entry's ibdev is fixed while its link (the device it belongs to) is.
-            link = _readlink(f"{directory}/{entry}")
             known = self.previous.uverbs.get(entry)
-            ibdev = known[1] if known is not None and link is not None and known[0] == link \
-                else pci.read_text(directory / entry / "ibdev")
+            if (known is not None and known[0] is not None
+                    and uverbs_owner(known[0]) not in self.fresh_functions):
+                # Its function is not to be read again: the entry is where it was (the
+                # fingerprint compares every entry's link and names both functions of one
+                # that moved; uevents name a function whose RDMA device came or went).
+                link, ibdev = known
+            else:
+                # A uverbs entry's ibdev is fixed while its link (the device it belongs to) is.
+                link = _readlink(f"{directory}/{entry}")
+                ibdev = known[1] if known is not None and link is not None and known[0] == link \
+                    else pci.read_text(directory / entry / "ibdev")
             self.memo.uverbs[entry] = (link, ibdev)
             if ibdev:
                 mapping[ibdev] = entry
