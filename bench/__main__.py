@@ -340,7 +340,6 @@ def bench_utilization(table: Table, scratch: Path, rounds: int, interval: float 
     from driver.utilization.idle import IdleTracker
     from driver.utilization.monitor import UtilizationMonitor
     from driver.utilization.sampler import Sampler
-    from prometheus_client import generate_latest
 
     for label, profile in (("8 GPUs", "h100x8"), ("64 MIG devices", str(mig_profile(scratch, 64)))):
         node = mock.build(mock.load(profile), scratch / f"util-{len(label)}")
@@ -367,7 +366,7 @@ def bench_utilization(table: Table, scratch: Path, rounds: int, interval: float 
             monitor.tick()
             ticks.append(time.process_time() - t)
             t = time.process_time()
-            generate_latest(metrics.registry)
+            metrics.exposition()
             scrapes.append(time.process_time() - t)
         # The floor: the same number of NVML calls, through the same fake library, alone.
         nv = node.nvml
@@ -452,8 +451,6 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
     the same run (the same directory listings and preads of the same files, alone) and the
     same checks made path by path, as they were before; and the utilization tick (every
     --utilization-interval, 10 s), which reads no NIC counter, and a whole scrape."""
-    from prometheus_client import generate_latest
-
     from driver.devices import sysread
     from driver.devices.model import DeviceKind
     from driver.health import HealthState, Prober
@@ -497,7 +494,7 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
     figures = {}
     for name, step in (("floor", floor), ("one by one", one_by_one), ("probe", prober.probe),
                        ("counters", sampler.counters), ("tick", monitor.tick),
-                       ("scrape", lambda: generate_latest(metrics.registry))):
+                       ("scrape", lambda: metrics.exposition())):
         step()
         cpu = []
         for _ in range(15):

@@ -1,18 +1,21 @@
 """Prometheus metrics, in a registry of the plugin's own (no process-global state).
 
 Counters and histograms are updated where things happen; gauges that mirror state
-(prepared claims, published devices, device health) are read at scrape time.
+(prepared claims, published devices, device health) are read at scrape time. The
+per-device series are written by driver/devicemetrics.py and added to the registry's
+exposition (`Metrics.exposition`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from driver import __version__
+from driver.devicemetrics import DeviceSeries
 
 PREFIX = "dra_driver"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -45,56 +48,10 @@ class _StateCollector(Collector):
                                 value=self.nics_withheld())
 
 
-DEVICE_LABELS = ["device", "kind", "claim_namespace", "claim_name", "claim_uid", "share"]
-
-
-class _UtilizationCollector(Collector):
-    """Per-device series labelled with the claims that hold the device (driver/utilization/):
-    one series per (device, claim), or one with empty claim labels while nobody holds it.
-    A device has at most its current claims, and a claim's series go with the claim."""
-
-    def __init__(self, views: Callable[[], Iterable]) -> None:
-        self.views = views
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        def family(name: str, doc: str, counter: bool = False):
-            kind = CounterMetricFamily if counter else GaugeMetricFamily
-            return kind(f"{PREFIX}_device_{name}", doc, labels=DEVICE_LABELS)
-
-        allocated = family("allocated", "1 for each claim that holds the device (admin-access "
-                                        "claims included), 0 while none does")
-        utilization = family("utilization_ratio", "SM utilization since the previous sample, 0..1")
-        peak = family("utilization_peak_ratio", "highest single NVML sample since the previous one")
-        used = family("memory_used_bytes", "device memory in use")
-        total = family("memory_total_bytes", "device memory")
-        power = family("power_watts", "board power draw")
-        processes = family("compute_processes", "compute processes on the device")
-        idle = family("idle_seconds", "how long the claim has left the device idle, continuously "
-                                      "(0 while busy; admin-access claims: always 0)")
-        rx = family("network_receive_bytes", "bytes received by the NIC", counter=True)
-        tx = family("network_transmit_bytes", "bytes sent by the NIC", counter=True)
-        for view in self.views():
-            sample = view.sample
-            owners = view.holders or (None,)
-            for holder in owners:
-                labels = [sample.device, sample.kind.value,
-                          holder.namespace if holder else "", holder.name if holder else "",
-                          holder.uid if holder else "", (holder.share or "") if holder else ""]
-                allocated.add_metric(labels, 1 if holder else 0)
-                for target, value in ((utilization, sample.utilization), (peak, sample.peak),
-                                      (used, sample.memory_used), (total, sample.memory_total),
-                                      (power, sample.power_watts), (processes, sample.processes),
-                                      (rx, sample.rx_bytes), (tx, sample.tx_bytes)):
-                    if value is not None:
-                        target.add_metric(labels, value)
-                if holder is not None and sample.kind.value in ("gpu", "mig"):
-                    idle.add_metric(labels, round(view.idle_seconds.get(holder.uid, 0.0), 3))
-        yield from (allocated, utilization, peak, used, total, power, processes, idle, rx, tx)
-
-
 class Metrics:
     def __init__(self, driver: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.devices: DeviceSeries | None = None
         self.requests = Counter(f"{PREFIX}_requests", "Kubelet DRA requests",
                                 ["method", "api"], registry=self.registry)
         self.claim_errors = Counter(f"{PREFIX}_claim_errors", "Claims that failed to (un)prepare",
@@ -116,4 +73,9 @@ class Metrics:
         self.registry.register(_StateCollector(prepared, devices, health, nics_withheld))
 
     def watch_utilization(self, views: Callable[[], Iterable]) -> None:
-        self.registry.register(_UtilizationCollector(views))
+        self.devices = DeviceSeries(views)
+
+    def exposition(self) -> bytes:
+        """What /metrics serves: the registry in the text format, then the per-device series."""
+        text = generate_latest(self.registry)
+        return text + self.devices.render() if self.devices is not None else text

@@ -242,7 +242,7 @@ class Plugin:
                    health, prober, metrics, Probes(ready), instance, utilization, xid)
 
     async def start(self) -> None:
-        self._listen(self.config.metrics_port, "--metrics-port", registry=self.metrics.registry)
+        self._listen(self.config.metrics_port, "--metrics-port", metrics=self.metrics.exposition)
         self._listen(self.config.healthz_port, "--healthz-port", probes=self.probes)
 
         # The API client (and with it the `kubernetes` import, ~0.2 s) comes after the

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 HEARTBEAT_SECONDS = 0.5
@@ -41,7 +40,7 @@ class HttpEndpoint:
     """One small HTTP server: probes and/or metrics, on 127.0.0.1 or all interfaces."""
 
     def __init__(self, port: int, probes: Probes | None = None,
-                 registry: CollectorRegistry | None = None, host: str = "0.0.0.0") -> None:
+                 metrics: Callable[[], bytes] | None = None, host: str = "0.0.0.0") -> None:
         routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {}
         if probes is not None:
             def check(fn):
@@ -49,8 +48,8 @@ class HttpEndpoint:
                 return (200 if ok else 503), f"{'ok' if ok else 'not ok'}: {why}\n".encode(), "text/plain"
             routes["/livez"] = routes["/healthz"] = lambda: check(probes.live)
             routes["/readyz"] = lambda: check(probes.ready)
-        if registry is not None:
-            routes["/metrics"] = lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST)
+        if metrics is not None:
+            routes["/metrics"] = lambda: (200, metrics(), CONTENT_TYPE_LATEST)
 
         class Handler(BaseHTTPRequestHandler):
             disable_nagle_algorithm = True

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from driver import devicemetrics
 from driver.checkpoint import ClaimRecord, PreparedDevice, State
 from driver.devices.discovery import discover
 from driver.devices.mock import load as load_profile
@@ -73,7 +74,7 @@ def record(uid: str, device: str, name: str = "train", share: str | None = None,
 def series(metrics: Metrics, name: str) -> dict[tuple, float]:
     """{(device, claim_uid, share): value} of one family."""
     found = {}
-    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
         for s in family.samples:
             if s.name == f"dra_driver_device_{name}":
                 found[(s.labels["device"], s.labels["claim_uid"], s.labels["share"])] = s.value
@@ -243,6 +244,59 @@ def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_pa
     assert not any(uid in ("uid-a", "uid-c") for _, uid, _ in allocated)
     assert allocated[(GPU, "", "")] == 0
     assert len([k for k in allocated if k[0] == GPU2]) == 1
+
+
+def by_the_library(views) -> bytes:
+    """The same series as prometheus_client writes them: the reference for our exposition."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    families = {f: (CounterMetricFamily if f.counter else GaugeMetricFamily)(
+        f"dra_driver_device_{f.name}", f.help, labels=list(devicemetrics.LABELS))
+        for f in devicemetrics.FAMILIES}
+    for family, labels, value in devicemetrics.rows(views):
+        families[family].add_metric(list(labels), value)
+
+    class Families:
+        def collect(self):
+            return iter(families.values())
+
+    return generate_latest(Families())
+
+
+def test_device_series_are_written_as_prometheus_client_writes_them(tmp_path):
+    """Our exposition of the per-device series is byte for byte the library's, on a node
+    with shared GPUs, NICs and free devices, after claims come and go (the label texts kept
+    between scrapes), and with label values that need escaping."""
+    node, inventory = node_of(tmp_path)
+    records = [record("uid-a", GPU), record("uid-b", GPU2, "infer", share="s1"),
+               record("uid-c", GPU2, "infer-2", share="s2")]
+    clock = Clock()
+    monitor = UtilizationMonitor(Sampler(node.nvml, node.sysfs, lambda: inventory),
+                                 IdleTracker(tmp_path / "state", "me", 0.05, 1800),
+                                 lambda: records, "node-a", clock=clock)
+    metrics = Metrics(DRIVER)
+    metrics.watch_utilization(monitor.views)
+    monitor.tick()
+    node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=40, processes=[(1, 10 * GIB)])
+    clock.now += 60
+    monitor.tick()
+    kinds = {line.split('kind="')[1].split('"')[0] for line in metrics.devices.render().decode().splitlines()
+             if 'kind="' in line}
+    assert kinds >= {"gpu", "nic", "fpga"}, kinds
+    for step in range(3):
+        views = monitor.views()
+        assert metrics.devices.render() == by_the_library(views), f"step {step}"
+        records[:] = records[1:]  # a claim leaves: its series go, its device's free one comes
+        monitor.tick()
+    assert len(metrics.devices._labels) == len(set((l) for _, l, _ in devicemetrics.rows(monitor.views())))
+
+    odd = Holder("uid-odd", 'ns"x', "back\\slash\nnew line", share="s")
+    views = [DeviceView(idle_sample(GPU, busy=True), (odd,), {"uid-odd": 1.5})]
+    assert devicemetrics.DeviceSeries(lambda: views).render() == by_the_library(views)
+    exposed = metrics.exposition().decode()
+    assert exposed.startswith(generate_latest(metrics.registry).decode())
+    names = [f.name for f in text_string_to_metric_families(exposed)]
+    assert len(names) == len(set(names)) and "dra_driver_device_network_receive_bytes" in names
 
 
 # -- idle periods: across restarts, one Event each, none for admin access ---------------------
