@@ -206,7 +206,9 @@ def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path)
 
 
 # -- metrics joined with claims ---------------------------------------------------------------
-def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_path):
+def monitored(tmp_path):
+    """The mixed node with three claims (one whole GPU, two shares of the other), its
+    monitor sampled once, and the metrics that show it."""
     node, inventory = node_of(tmp_path)
     records = [record("uid-a", GPU), record("uid-b", GPU2, "infer", share="s1"),
                record("uid-c", GPU2, "infer-2", share="s2")]
@@ -217,6 +219,11 @@ def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_pa
     metrics = Metrics(DRIVER)
     metrics.watch_utilization(monitor.views)
     monitor.tick()
+    return node, inventory, records, clock, monitor, metrics
+
+
+def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_path):
+    node, inventory, records, clock, monitor, metrics = monitored(tmp_path)
     node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=40,
                            processes=[(1, 10 * GIB)])
     time.sleep(0.5)  # three NVML sample periods
@@ -267,16 +274,7 @@ def test_device_series_are_written_as_prometheus_client_writes_them(tmp_path):
     """Our exposition of the per-device series is byte for byte the library's, on a node
     with shared GPUs, NICs and free devices, after claims come and go (the label texts kept
     between scrapes), and with label values that need escaping."""
-    node, inventory = node_of(tmp_path)
-    records = [record("uid-a", GPU), record("uid-b", GPU2, "infer", share="s1"),
-               record("uid-c", GPU2, "infer-2", share="s2")]
-    clock = Clock()
-    monitor = UtilizationMonitor(Sampler(node.nvml, node.sysfs, lambda: inventory),
-                                 IdleTracker(tmp_path / "state", "me", 0.05, 1800),
-                                 lambda: records, "node-a", clock=clock)
-    metrics = Metrics(DRIVER)
-    metrics.watch_utilization(monitor.views)
-    monitor.tick()
+    node, inventory, records, clock, monitor, metrics = monitored(tmp_path)
     node.library.loads.set(inventory.get(GPU).attributes["uuid"], sm_percent=40, processes=[(1, 10 * GIB)])
     clock.now += 60
     monitor.tick()
