@@ -485,16 +485,14 @@ def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(r
 
 def series_names() -> set[str]:
     """The metric names the driver exports for devices (for the dashboard's queries)."""
-    from driver.metrics import DEVICE_LABELS, _UtilizationCollector
-
     views = [DeviceView(Sample("gpu-x", DeviceKind.GPU, 0.0, 0.1, 0.2, 1, 2, 3.0, 1),
                         (Holder("u", "ns", "c"),), {"u": 5.0}),
              DeviceView(Sample("nic-x", DeviceKind.NIC, 0.0, rx_bytes=1, tx_bytes=2))]
     names = set()
-    for family in _UtilizationCollector(lambda: views).collect():
+    for family in text_string_to_metric_families(devicemetrics.DeviceSeries(lambda: views).render().decode()):
         for s in family.samples:
             names.add(s.name)
-            assert set(s.labels) == set(DEVICE_LABELS)
+            assert set(s.labels) == set(devicemetrics.LABELS)
     return names
 
 
