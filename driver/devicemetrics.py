@@ -7,9 +7,10 @@ than the idle driver spends in a minute at a 15 s scrape interval. The label set
 not change between scrapes (a device and the claim that holds it), so each is formatted
 once and kept while the series exists; a scrape formats only the values.
 
-`rows(views)` says what the series are; `render(rows)` writes them the way
-prometheus_client's `generate_latest` does (label names sorted, values escaped, values
-as Go formats floats), which tests/test_utilization.py checks byte for byte.
+`rows(views)` says what the series are; `DeviceSeries.render()` writes them the way
+prometheus_client's `generate_latest` does (label names sorted, label values escaped,
+numbers formatted by the library's own `floatToGoString`), which tests/test_utilization.py
+checks byte for byte.
 """
 
 from __future__ import annotations

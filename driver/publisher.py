@@ -177,8 +177,8 @@ class _Desired:
 
 def _same_content(old: dict | None, new: dict) -> bool:
     """Whether a slice's content is unchanged from one build to the next, told cheaply:
-    its devices' normalized entries are the same objects (a device unchanged keeps its
-    entry, driver/publisher.py `_build`), and the few other fields are equal."""
+    its devices' normalized entries are the same objects (`Publisher._build` keeps a
+    device's entry while the device is unchanged), and the few other fields are equal."""
     if old is None or len(old["devices"]) != len(new["devices"]):
         return False
     return (all(a is b for a, b in zip(old["devices"], new["devices"]))
@@ -615,7 +615,7 @@ def _updated(live: dict, desired: dict) -> dict:
     """The PUT body: the live object (resourceVersion, labels, annotations, finalizers and
     what else others keep there) with our spec and our Node owner reference."""
     # Our spec replaces theirs whole: only the rest is copied (a deep copy of a listed
-    # slice's 128 devices was most of a one-VF publish's CPU).
+    # slice's 128 devices was a third of a one-VF publish's CPU).
     body = copy.deepcopy({k: v for k, v in live.items() if k != "spec"})
     body["apiVersion"] = desired["apiVersion"]
     body["kind"] = desired["kind"]
