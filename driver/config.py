@@ -90,7 +90,8 @@ OPTIONS: tuple[Option, ...] = (
            "false", "also publish the NIC that carries the default route (true/false)",
            commands=NODE),
     Option("rediscover_interval", "--rediscover-interval", "REDISCOVER_INTERVAL", "60",
-           "seconds between full rediscoveries (uevents trigger one sooner)"),
+           "seconds between periodic rediscoveries: a sysfs fingerprint, then what differs "
+           "(uevents trigger one sooner)"),
     Option("health_interval", "--health-interval", "HEALTH_INTERVAL", "5",
            "seconds between device health probes (link state, GPU lost, device gone)"),
     Option("ignored_xids", "--ignored-xids", "IGNORED_XIDS", "13,31,43,45,68,109",
