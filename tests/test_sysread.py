@@ -21,8 +21,19 @@ from driver.devices.sysread import HeldDirs, HeldFiles
 LOOPBACK_RX = Path("/sys/class/net/lo/statistics/rx_bytes")
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_descriptors(root: Path) -> int:
+    """How many descriptors this process has open on files and directories under `root`.
+    Only those: a thread an earlier test left behind may open or close others meanwhile
+    (a count of all of them once failed a CI run by one)."""
+    prefix = str(root.resolve()) + "/"
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since the listing
+            continue
+        count += target.startswith(prefix)
+    return count
 
 
 @pytest.mark.skipif(not LOOPBACK_RX.exists(), reason="no /sys/class/net/lo on this machine")
@@ -47,19 +58,19 @@ def test_a_held_file_is_opened_once_and_follows_writes_in_place(tmp_path):
     attribute = tmp_path / "operstate"
     attribute.write_text("up\n")
     files = HeldFiles()
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     assert files.read(str(attribute)) == b"up\n"
     attribute.write_text("down\n")  # in place, as the kernel changes an attribute
     assert files.read(str(attribute)) == b"down\n"
     assert files.read(str(attribute), limit=2) == b"do"
-    assert len(files) == 1 and open_descriptors() == before + 1
+    assert len(files) == 1 and open_descriptors(tmp_path) == before + 1
     assert files.read(str(tmp_path / "missing")) is None
     assert len(files) == 1
     files.close()
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
     # Closed, it still reads, holding nothing.
     assert files.read(str(attribute)) == b"down\n"
-    assert len(files) == 0 and open_descriptors() == before
+    assert len(files) == 0 and open_descriptors(tmp_path) == before
 
 
 def test_read_many_answers_each_path_in_order_as_read_would(tmp_path):
@@ -69,15 +80,15 @@ def test_read_many_answers_each_path_in_order_as_read_would(tmp_path):
         paths.append(str(tmp_path / f"a{i}"))
     paths.insert(1, str(tmp_path / "missing"))
     files = HeldFiles()
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     assert files.read_many(paths) == [b"0\n", None, b"1\n", b"2\n"]
     (tmp_path / "a2").write_text("20\n")
     assert files.read_many(paths, limit=1) == [b"0", None, b"1", b"2"]
     assert files.read_many(paths) == [files.read(p) for p in paths]
-    assert len(files) == 3 and open_descriptors() == before + 3
+    assert len(files) == 3 and open_descriptors(tmp_path) == before + 3
     files.close()
     assert files.read_many(paths) == [b"0\n", None, b"1\n", b"20\n"]
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
 
 
 def test_a_gone_device_is_read_again_by_path(tmp_path, monkeypatch):
@@ -98,14 +109,14 @@ def test_a_gone_device_is_read_again_by_path(tmp_path, monkeypatch):
         return real_pread(fd, n, offset)
 
     monkeypatch.setattr(os, "pread", pread)
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     gone.update(files._fds.values())
     attribute.unlink()
     attribute.write_text("lowerlayerdown\n")  # the device back, a new file
     assert files.read(str(attribute)) == b"lowerlayerdown\n"
     (held,) = files._fds.values()
     assert os.fstat(held).st_ino == attribute.stat().st_ino  # the new one is held...
-    assert open_descriptors() == before  # ...and the old one closed
+    assert open_descriptors(tmp_path) == before  # ...and the old one closed
     gone.update(files._fds.values())
     attribute.unlink()
     assert files.read(str(attribute)) is None  # gone for good
@@ -119,10 +130,10 @@ def test_past_its_limit_it_reads_without_holding(tmp_path):
         paths.append(tmp_path / f"a{index}")
         paths[-1].write_text(f"{index}\n")
     files = HeldFiles(limit=2)
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     for _ in range(2):
         assert [files.read(str(p)) for p in paths] == [b"0\n", b"1\n", b"2\n"]
-    assert len(files) == 2 and open_descriptors() == before + 2
+    assert len(files) == 2 and open_descriptors(tmp_path) == before + 2
     files.close()
 
 
@@ -130,13 +141,13 @@ def test_the_descriptors_are_closed_with_the_object(tmp_path):
     attribute = tmp_path / "rx_bytes"
     attribute.write_text("1\n")
     gc.collect()  # what earlier tests left for the collector
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     files = HeldFiles()
     files.read(str(attribute))
-    assert open_descriptors() == before + 1
+    assert open_descriptors(tmp_path) == before + 1
     del files
     gc.collect()
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
 
 
 def test_closing_while_another_thread_reads_never_breaks_a_read(tmp_path):
@@ -146,7 +157,7 @@ def test_closing_while_another_thread_reads_never_breaks_a_read(tmp_path):
     for index in range(50):
         paths.append(str(tmp_path / f"a{index}"))
         Path(paths[-1]).write_text("up\n")
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     for _ in range(20):
         files = HeldFiles()
         results, done = [], threading.Event()
@@ -163,7 +174,7 @@ def test_closing_while_another_thread_reads_never_breaks_a_read(tmp_path):
         done.set()
         thread.join()
         assert set(results) == {b"up\n"}
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
 
 
 def test_the_descriptor_limit_is_raised_to_the_hard_one():
@@ -197,9 +208,9 @@ def test_a_held_directory_follows_its_key_and_its_replacement(tmp_path):
     link = tmp_path / "eth0"
     link.symlink_to(first)
     dirs = HeldDirs()
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     assert dirs.read(str(link), os.readlink(link), ("mtu", "absent")) == (b"1500\n", None)
-    assert len(dirs) == 1 and open_descriptors() == before + 1
+    assert len(dirs) == 1 and open_descriptors(tmp_path) == before + 1
     (first / "mtu").write_text("1400\n")  # in place: the held directory reads it
     assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"1400\n",)
 
@@ -208,40 +219,40 @@ def test_a_held_directory_follows_its_key_and_its_replacement(tmp_path):
     # The same key would read the old device: the caller's key is what keeps it right.
     assert dirs.read(str(link), str(first), ("mtu",)) == (b"1400\n",)
     assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"9000\n",)
-    assert len(dirs) == 1 and open_descriptors() == before + 1
+    assert len(dirs) == 1 and open_descriptors(tmp_path) == before + 1
 
     # Removed and made again under the same name and key.
     (second / "mtu").unlink()
     second.rmdir()
     device_dir(tmp_path, "b", "4000\n")
     assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (b"4000\n",)
-    assert len(dirs) == 1 and open_descriptors() == before + 1
+    assert len(dirs) == 1 and open_descriptors(tmp_path) == before + 1
 
     # Gone for good: nothing to read, nothing held after a sweep.
     shutil.rmtree(tmp_path / "devices" / "b")
     assert dirs.read(str(link), os.readlink(link), ("mtu",)) == (None,)
     dirs.sweep()
     dirs.sweep()
-    assert len(dirs) == 0 and open_descriptors() == before
+    assert len(dirs) == 0 and open_descriptors(tmp_path) == before
 
 
 def test_held_directories_not_read_between_sweeps_are_closed(tmp_path):
     paths = [device_dir(tmp_path, f"d{i}", f"{i}\n") for i in range(3)]
     dirs = HeldDirs()
-    before = open_descriptors()
+    before = open_descriptors(tmp_path)
     for path in paths:
         dirs.read(str(path), "k", ("mtu",))
     dirs.sweep()
-    assert len(dirs) == 3 and open_descriptors() == before + 3
+    assert len(dirs) == 3 and open_descriptors(tmp_path) == before + 3
     dirs.read(str(paths[0]), "k", ("mtu",))
     dirs.sweep()
-    assert len(dirs) == 1 and open_descriptors() == before + 1
+    assert len(dirs) == 1 and open_descriptors(tmp_path) == before + 1
     dirs.close()
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
     # Closed, or with no key, it reads by path, holding nothing.
     assert dirs.read(str(paths[2]), "k", ("mtu",)) == (b"2\n",)
     assert HeldDirs().read(str(paths[1]), None, ("mtu",)) == (b"1\n",)
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
 
 
 def test_past_its_limit_a_directory_is_read_by_path(tmp_path):

@@ -33,6 +33,7 @@ from tests.driverproc import DRIVER, DriverDirs
 from tests.inprocess import InProcessPlugin
 from tests.test_claim_status import ours, wait
 from tests.test_plugin_integration import GPU, GPU2, new_claim, result
+from tests.test_sysread import open_descriptors
 
 GIB = 1 << 30
 
@@ -163,10 +164,6 @@ def test_nic_counters_come_from_sysfs(tmp_path):
     assert (sample.rx_bytes, sample.tx_bytes) == (123456, 789)
 
 
-def open_descriptors() -> int:
-    return len(list(Path("/proc/self/fd").iterdir()))
-
-
 def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path):
     """The tick samples what idle detection judges (GPUs); a scrape reads every NIC's
     counters then, so it shows them as they are at the scrape."""
@@ -182,15 +179,15 @@ def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path)
     try:
         assert series(metrics, "allocated") == {}, "nothing to show before the first tick"
         (stats / "rx_bytes").write_text("1000\n")
-        before = open_descriptors()
+        before = open_descriptors(tmp_path)
         monitor.tick()
         monitor.tick()
-        assert open_descriptors() == before, "a tick opened NIC counter files"
+        assert open_descriptors(tmp_path) == before, "a tick opened NIC counter files"
         (stats / "rx_bytes").write_text("5000\n")  # after the ticks: the scrape must see it
         (stats / "tx_bytes").write_text("7\n")
         assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 5000
         assert series(metrics, "network_transmit_bytes_total")[(nic.name, "uid-n", "")] == 7
-        assert open_descriptors() == before + 2 * len(nics), "the scrape keeps the counters open"
+        assert open_descriptors(tmp_path) == before + 2 * len(nics), "the scrape keeps the counters open"
         (stats / "rx_bytes").write_text("9000\n")  # in place, as the kernel changes it
         assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 9000
         allocated = series(metrics, "allocated")
@@ -199,10 +196,10 @@ def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path)
             "every device has a series, held or not"
     finally:
         sampler.close()
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
     # A scrape after the sampler closed (the driver stopping) still answers, holding nothing.
     assert series(metrics, "network_receive_bytes_total")[(nic.name, "uid-n", "")] == 9000
-    assert open_descriptors() == before
+    assert open_descriptors(tmp_path) == before
 
 
 # -- metrics joined with claims ---------------------------------------------------------------
