@@ -49,7 +49,32 @@ class PerInventory(Generic[T]):
         self._value, self._for = None, None
 
 
-class HeldFiles:
+class _Held:
+    """Descriptors kept open by path, up to `limit` (see held_file_budget), until `close`
+    or until this object is collected: what HeldFiles and HeldDirs share."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = held_file_budget() if limit is None else limit
+        self._fds: dict[str, int] = {}
+        # close() may come from another thread while a read is under way (a probe thread
+        # outlives its cancelled task): a descriptor closed under a read could be reused
+        # by a socket, and the read's error handling would then close that socket.
+        self._lock = threading.Lock()
+        self._closed = False
+        # Closed when closed explicitly, and otherwise when this object is collected:
+        # descriptors are not garbage, and a test making many probers must not leak them.
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+
+class HeldFiles(_Held):
     """Attribute files opened on their first read and kept open, each later read one pread
     at offset 0.
 
@@ -64,18 +89,6 @@ class HeldFiles:
     and closes; `limit` (see held_file_budget) leaves the rest of the process its
     descriptors.
     """
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = held_file_budget() if limit is None else limit
-        self._fds: dict[str, int] = {}
-        # close() may come from another thread while a read is under way (a probe thread
-        # outlives its cancelled task): a descriptor closed under a read could be reused
-        # by a socket, and the read's error handling would then close that socket.
-        self._lock = threading.Lock()
-        self._closed = False
-        # Closed when closed explicitly, and otherwise when this object is collected:
-        # descriptors are not garbage, and a test making many probers must not leak them.
-        self._finalizer = weakref.finalize(self, _close_all, self._fds)
 
     def read(self, path: str, limit: int = 256) -> bytes | None:
         """The first `limit` bytes of the attribute at `path`; None when it cannot be read."""
@@ -115,16 +128,8 @@ class HeldFiles:
             os.close(fd)
         return data
 
-    def __len__(self) -> int:
-        return len(self._fds)
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._finalizer()
-
-
-class HeldDirs:
+class HeldDirs(_Held):
     """Directories kept open (O_PATH), so that an attribute in one is opened by its name
     alone. sysfs paths are long and go through symlinks (/sys/class/net/X leads into
     /sys/devices/pci..., ten components and more), and the kernel walks all of it on every
@@ -142,12 +147,9 @@ class HeldDirs:
     """
 
     def __init__(self, limit: int | None = None) -> None:
-        self.limit = held_file_budget() if limit is None else limit
-        self._dirs: dict[str, tuple[object, int]] = {}  # path -> (key, descriptor)
+        super().__init__(limit)
+        self._keys: dict[str, object] = {}  # path -> the key its descriptor was opened for
         self._seen: set[str] = set()
-        self._lock = threading.Lock()  # close() may come while a pass runs on its thread
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _close_all_dirs, self._dirs)
 
     def read(self, directory: str, key: object, names: tuple[str, ...],
              limit: int = 256) -> tuple[bytes | None, ...]:
@@ -157,8 +159,9 @@ class HeldDirs:
             if self._closed or key is None:
                 return tuple(read_small(f"{directory}/{name}", limit) for name in names)
             self._seen.add(directory)
-            held = self._dirs.get(directory)
-            fd = held[1] if held is not None and held[0] == key else self._open(directory, key)
+            fd = self._fds.get(directory)
+            if fd is None or self._keys.get(directory) != key:
+                fd = self._open(directory, key)
             out = []
             for name in names:
                 if fd is None:
@@ -173,34 +176,27 @@ class HeldDirs:
 
     def _open(self, directory: str, key: object) -> int | None:
         self._forget(directory)
-        if len(self._dirs) >= self.limit:
+        if len(self._fds) >= self.limit:
             return None
         try:
             fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return None
-        self._dirs[directory] = (key, fd)
+        self._fds[directory], self._keys[directory] = fd, key
         return fd
 
     def _forget(self, directory: str) -> None:
-        held = self._dirs.pop(directory, None)
-        if held is not None:
-            os.close(held[1])
+        fd = self._fds.pop(directory, None)
+        self._keys.pop(directory, None)
+        if fd is not None:
+            os.close(fd)
 
     def sweep(self) -> None:
         """Close the directories not read since the last sweep (devices gone, renamed)."""
         with self._lock:
-            for directory in [d for d in self._dirs if d not in self._seen]:
+            for directory in [d for d in self._fds if d not in self._seen]:
                 self._forget(directory)
             self._seen.clear()
-
-    def __len__(self) -> int:
-        return len(self._dirs)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._finalizer()
 
 
 _MISSING = object()  # no such file: the directory may have gone
@@ -219,11 +215,6 @@ def _read_at(fd: int, name: str, limit: int) -> bytes | None | object:
         return None
     finally:
         os.close(handle)
-
-
-def _close_all_dirs(dirs: dict[str, tuple[object, int]]) -> None:
-    _close_all({path: fd for path, (_, fd) in dirs.items()})
-    dirs.clear()
 
 
 def _close_all(fds: dict[str, int]) -> None:
