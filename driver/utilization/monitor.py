@@ -122,10 +122,13 @@ class UtilizationMonitor:
         if last is None:
             return ()
         samples = self.sampler.completed(last.samples, self.clock())
-        return tuple(
-            DeviceView(sample, tuple(last.held.get(name, ())),
-                       {h.uid: self.tracker.idle_for(name, h.uid, last.at) for h in last.held.get(name, ())})
-            for name, sample in sorted(samples.items()))
+
+        def view(name: str, sample: Sample) -> DeviceView:
+            holders = tuple(last.held.get(name, ()))
+            return DeviceView(sample, holders, {h.uid: self.tracker.idle_for(name, h.uid, last.at)
+                                                for h in holders})
+
+        return tuple(view(name, sample) for name, sample in sorted(samples.items()))
 
     def _report(self, period: Period, sample: Sample | None, now: float) -> None:
         if sample is None:
