@@ -135,7 +135,9 @@ class CdiWriter:
 
     def write(self, claim_uid: str, spec: dict) -> Path:
         path = self.path(claim_uid)
-        atomic.write(path, json.dumps(spec, indent=2).encode(), owner=self.instance.token)
+        # One line: json's C encoder writes that, while `indent` falls back to its Python
+        # encoder (~6x slower, once per prepare). `jq . FILE` shows it indented.
+        atomic.write(path, json.dumps(spec).encode(), owner=self.instance.token)
         return path
 
     def read(self, claim_uid: str) -> dict | None:

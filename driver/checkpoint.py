@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Iterator
@@ -70,7 +70,11 @@ class ClaimRecord:
     pods: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
-        data = asdict(self)
+        # Field by field rather than dataclasses.asdict, which deep-copies every config
+        # only for json to walk it again: one record is written per prepare.
+        data = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        data["devices"] = [{name: getattr(d, name) for name in _DEVICE_FIELDS}
+                           for d in self.devices]
         data["state"] = self.state.value
         data["version"] = FORMAT_VERSION
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
@@ -97,6 +101,10 @@ class ClaimRecord:
             raise
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"{source}: corrupt checkpoint record: {err}") from err
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(ClaimRecord))
+_DEVICE_FIELDS = tuple(f.name for f in fields(PreparedDevice))
 
 
 class Checkpoint:

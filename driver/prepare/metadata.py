@@ -76,7 +76,8 @@ class MetadataFiles:
             }
             # Not fsynced: after a power loss the reboot rewrites it with the spec (which lives
             # on tmpfs and is gone then); a process crash loses nothing in the page cache.
-            atomic.write(host, (json.dumps(body, indent=2) + "\n").encode(), owner=self.owner,
+            # One line, by json's C encoder (an `indent` takes its Python one).
+            atomic.write(host, (json.dumps(body) + "\n").encode(), owner=self.owner,
                          durable=False)
             mounts[request] = cdi.Mount(str(host), container_path(ref, pod_claim, request, self.driver))
         return mounts
