@@ -1,25 +1,27 @@
-"""A small JSON layer over the `kubernetes` client's ApiClient.
+"""A small JSON layer over urllib3 for the API server.
 
 We talk to three resource.k8s.io versions whose typed models differ (v1beta1 nests device
-fields under `basic`), so requests go through the client's own serialization, auth and
-connection pool, and bodies stay plain dicts that look like the YAML users read.
-
-The `kubernetes` package is imported when a client is first made, not with this module:
-importing it costs ~0.2 s (its package imports every API model), and the plugin offers its
-registration socket before it needs the API server (`Kube.deferred`).
+fields under `basic`), so bodies stay plain dicts that look like the YAML users read, and
+a request is one urllib3 call on a keep-alive pool: its URL, the credentials of the
+moment (driver/kubeconfig.py) and JSON. Where the API server is and how we authenticate
+is read once, when a client is made (`Kube.deferred`: after the plugin offered its
+registration socket).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import urllib3
-import yaml
 
+from driver.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
+from driver.kubeconfig import not_in_cluster, unusable_kubeconfig  # noqa: F401 - re-exported
 from driver.slices import API_GROUP, API_VERSIONS
 
 DEFAULT_TIMEOUT = 10.0
@@ -35,61 +37,73 @@ class NotFound(ApiError):
     pass
 
 
-class ClientConfigError(Exception):
-    """No usable API server configuration; the message says which file or why, with a hint."""
+@dataclass
+class ApiClient:
+    """A connection pool to one API server and the credentials for it."""
+
+    config: ApiConfig
+    pool: urllib3.PoolManager
+
+    def url(self, path: str, query: dict | None = None) -> str:
+        url = self.config.server + path
+        return f"{url}?{urllib.parse.urlencode(query)}" if query else url
+
+    def headers(self, extra: dict[str, str]) -> dict[str, str]:
+        return {**self.config.headers(), **extra}
 
 
-def unusable_kubeconfig(kubeconfig: Path, err: BaseException) -> str:
-    """The one line for a kubeconfig file that cannot be used (preflight and the loader)."""
-    detail = " ".join(str(err).split()) or type(err).__name__
-    return f"kubeconfig {kubeconfig}: not a usable kubeconfig file: {detail}"
-
-
-def not_in_cluster(why: object) -> str:
-    """The one line for no kubeconfig outside a cluster (preflight and the loader)."""
-    return (f"not in a cluster and no kubeconfig given ({why}); set --kubeconfig or "
-            "$KUBECONFIG to run outside a cluster")
-
-
-def api_client(kubeconfig: Path | None, connections: int = 16) -> Any:
-    """A kubernetes.client.ApiClient for `kubeconfig`, or the in-cluster configuration."""
-    from kubernetes import client as k8s  # noqa: PLC0415 - see the module docstring
-    from kubernetes import config as k8s_config  # noqa: PLC0415
-
-    configuration = k8s.Configuration()
-    if kubeconfig is not None:
-        try:
-            k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-        except (k8s_config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError,
-                AttributeError) as err:
-            # A file that parses to a list or a string fails inside the loader with
-            # TypeError/AttributeError.
-            raise ClientConfigError(unusable_kubeconfig(kubeconfig, err)) from err
-    else:
-        try:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException as err:
-            raise ClientConfigError(not_in_cluster(err)) from err
+def api_client(kubeconfig: Path | None, connections: int = 16) -> ApiClient:
+    """A client for `kubeconfig`'s current context, or the in-cluster service account."""
+    config = from_kubeconfig(Path(kubeconfig)) if kubeconfig is not None else in_cluster()
+    try:
+        context = _tls_context(config) if config.server.startswith("https://") else None
+    except (ssl.SSLError, OSError, ValueError) as err:
+        raise ClientConfigError(f"{config.source}: cannot use its TLS settings: {err}") from err
     # Keep-alive connections, enough for concurrent prepares and the publisher (more in
-    # flight than this would each open a connection and then close it again).
-    configuration.connection_pool_maxsize = connections
-    configuration.retries = False
-    return k8s.ApiClient(configuration)
+    # flight than this would each open a connection and then close it again). No
+    # retries here: a GET is retried once by `_once_more_if_dropped`, a write never.
+    options: dict[str, Any] = {"maxsize": connections, "retries": False}
+    if context is not None:
+        options["ssl_context"] = context
+        if config.tls_server_name:
+            options["server_hostname"] = config.tls_server_name
+        if not config.verify:
+            options["cert_reqs"] = ssl.CERT_NONE
+            options["assert_hostname"] = False
+    if config.proxy:
+        if config.proxy.startswith("socks"):
+            try:
+                from urllib3.contrib.socks import SOCKSProxyManager  # noqa: PLC0415
+            except ImportError as err:
+                raise ClientConfigError(f"{config.source}: proxy {config.proxy} is a SOCKS "
+                                        "proxy, which needs PySocks (pip install pysocks)") from err
+            return ApiClient(config, SOCKSProxyManager(config.proxy, **options))
+        return ApiClient(config, urllib3.ProxyManager(config.proxy, **options))
+    return ApiClient(config, urllib3.PoolManager(**options))
+
+
+def _tls_context(config: ApiConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=config.ca_file, cadata=config.ca_pem)
+    if not config.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if config.cert_file and config.key_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context
 
 
 @dataclass
 class Kube:
-    client: Any  # kubernetes.client.ApiClient; None until `connect` made it (deferred)
+    client: ApiClient | None  # None until `connect` made it (deferred)
     timeout: float = DEFAULT_TIMEOUT
-    make_client: Callable[[], Any] | None = None  # how a deferred Kube makes its client
+    make_client: Callable[[], ApiClient] | None = None  # how a deferred Kube makes its client
     _resource_version: str | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _connecting: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
     def deferred(cls, kubeconfig: Path | None, connections: int = 16) -> "Kube":
-        """A Kube whose client (and the `kubernetes` import) is made by `connect`, or by
-        the first request."""
+        """A Kube whose client is made by `connect`, or by the first request."""
         return cls(None, make_client=lambda: api_client(kubeconfig, connections))
 
     def connect(self) -> None:
@@ -99,7 +113,7 @@ class Kube:
                 assert self.make_client is not None
                 self.client = self.make_client()
 
-    def _api(self, method: str, path: str) -> Any:
+    def _api(self, method: str, path: str) -> ApiClient:
         if self.client is None:
             try:
                 self.connect()
@@ -109,28 +123,22 @@ class Kube:
 
     def request(self, method: str, path: str, query: dict | None = None, body: Any = None,
                 content_type: str = "application/json", timeout: float | None = None) -> Any:
-        from kubernetes.client import ApiException  # noqa: PLC0415 - imported by now: cheap
-
         client = self._api(method, path)
-        headers = {"Accept": "application/json"}
+        extra = {"Accept": "application/json"}
+        data = None
         if body is not None:
-            headers["Content-Type"] = content_type
-        # The body is left out here: the client would walk all of it to turn its model
-        # objects into dicts, and ours are plain JSON already (a slice of 128 devices took
-        # a few ms). Its REST layer encodes it as it is.
-        method, url, headers, _, post = client.param_serialize(
-            method, path, query_params=list((query or {}).items()), header_params=headers,
-            auth_settings=["BearerToken"],
-        )
+            extra["Content-Type"] = content_type
+            # Objects as JSON for every content type we send (apply-patch+yaml too: JSON
+            # is YAML); a body already serialized goes as it is.
+            data = (body if isinstance(body, bytes) else body.encode() if isinstance(body, str)
+                    else json.dumps(body).encode())
         try:
-            response = _once_more_if_dropped(method, lambda: client.call_api(
-                method, url, header_params=headers, body=body, post_params=post,
-                _request_timeout=timeout or self.timeout))
+            response = _once_more_if_dropped(method, lambda: client.pool.request(
+                method, client.url(path, query), body=data, headers=client.headers(extra),
+                timeout=timeout or self.timeout, retries=False))
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise ApiError(0, f"{method} {path}: {err}") from err
-        except ApiException as err:
-            raise ApiError(err.status or 0, f"{method} {path}: {err.reason}") from err
-        data = response.read()
+            raise ApiError(0, f"{method} {path}: {_reason(err)}") from err
+        data = response.data
         if response.status == 404:
             raise NotFound(404, f"{method} {path}: not found")
         if not 200 <= response.status < 300:
@@ -143,17 +151,15 @@ class Kube:
     def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
         """A watch: yields decoded events until the server closes or `timeout` passes."""
         client = self._api("GET", path)
-        method, url, headers, _, _ = client.param_serialize(
-            "GET", path, query_params=list(query.items()),
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-        )
+        method = "GET"
         try:
-            response = _once_more_if_dropped(method, lambda: client.rest_client.pool_manager.request(
-                method, url, headers=headers, preload_content=False,
+            response = _once_more_if_dropped(method, lambda: client.pool.request(
+                method, client.url(path, query), headers=client.headers({"Accept": "application/json"}),
+                preload_content=False, retries=False,
                 timeout=urllib3.Timeout(connect=self.timeout, read=timeout),
             ))
         except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise ApiError(0, f"watch {path}: {err}") from err
+            raise ApiError(0, f"watch {path}: {_reason(err)}") from err
         complete = False  # the whole response read: the connection may serve another
         try:
             if response.status != 200:
@@ -218,6 +224,13 @@ def _once_more_if_dropped(method: str, send: Callable[[], Any]) -> Any:
         if method != "GET":
             raise
     return send()
+
+
+def _reason(err: BaseException) -> str:
+    """urllib3 wraps the cause (refused, reset, a certificate that does not verify); the
+    cause is what a human needs."""
+    cause = getattr(err, "reason", None) or err.__cause__ or err.__context__
+    return f"{err}" if cause is None or str(cause) in str(err) else f"{err}: {cause}"
 
 
 def _message(data: bytes, reason: str | None) -> str:

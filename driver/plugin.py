@@ -245,8 +245,9 @@ class Plugin:
         self._listen(self.config.metrics_port, "--metrics-port", metrics=self.metrics.exposition)
         self._listen(self.config.healthz_port, "--healthz-port", probes=self.probes)
 
-        # The API client (and with it the `kubernetes` import, ~0.2 s) comes after the
-        # registration socket, so that the kubelet finds a starting node's driver sooner;
+        # The API client (its TLS context; for a kubeconfig with an exec plugin, the
+        # `kubernetes` package and the plugin) comes after the registration socket, so
+        # that the kubelet finds a starting node's driver sooner;
         # a prepare that arrives first makes it or waits for it (Kube.connect). During an
         # upgrade it comes first: a new pod whose kubeconfig only the client's loader
         # rejects must fail before it takes the registration socket from the pod that
@@ -430,8 +431,8 @@ async def serve(config: Config, kube: Kube | None = None) -> int:
     try:
         await plugin.start()
         # What exists now lives as long as the process: the modules, the configuration,
-        # the first inventory (~115,000 objects on sriov-large, 47,000 of them the
-        # `kubernetes` package). Left to the cycle collector, each full collection walked
+        # the first inventory (~70,000 objects on sriov-large). Left to the cycle
+        # collector, each full collection walked
         # all of it again (~50 ms, about once a minute on an idle sriov-large node);
         # frozen, it walks what came since.
         # Frozen objects are still freed when their last reference goes (the inventory

@@ -21,7 +21,7 @@ from driver import kube
 from driver.config import ConfigError, Config
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
-# Where the in-cluster configuration of the `kubernetes` client reads its token.
+# Where the in-cluster configuration (driver/kubeconfig.py) reads its token.
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
@@ -75,8 +75,8 @@ def port_problem(err: OSError, port: int, option: str) -> str:
 def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.environ,
                       token: Path = SERVICE_ACCOUNT_TOKEN) -> None:
     """The mistakes in the API server configuration that are cheap to see. `dra-driver run`
-    makes its client (and imports `kubernetes`, ~0.2 s) only after it has offered the
-    kubelet its registration socket; what only the client's loader finds (a context that
+    makes its client only after it has offered the kubelet its registration socket (an
+    exec credential plugin runs then); what only the client's loader finds (a context that
     names no cluster, a certificate file that is missing) is then still one line and exit
     2, but after start-up began. The in-cluster checks are the loader's own, in its order."""
     if kubeconfig is None:

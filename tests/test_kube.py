@@ -17,7 +17,7 @@ import pytest
 
 from driver.kube import ApiError, Kube
 from driver.publisher import Publisher
-from driver.sim.apiserver import ApiServer, Fault, claim_allocated
+from driver.sim.apiserver import TOKEN, ApiServer, Fault, claim_allocated
 from tests.conftest import discover_profile
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -131,7 +131,8 @@ def test_the_emulator_keeps_a_connection_open_after_a_watch_as_the_server_does()
     with ApiServer() as server:
         connection = http.client.HTTPConnection("127.0.0.1", server.httpd.server_address[1])
         for _ in range(20):
-            connection.request("GET", f"{SLICES}?watch=1&timeoutSeconds=0")
+            connection.request("GET", f"{SLICES}?watch=1&timeoutSeconds=0",
+                               headers={"Authorization": f"Bearer {TOKEN}"})
             response = connection.getresponse()
             assert response.status == 200 and response.read() == b""
             assert not response.will_close

@@ -80,7 +80,7 @@ def run_driver(dirs: DriverDirs, kubeconfig: Path) -> subprocess.CompletedProces
 
 def expected_error(kubeconfig: Path) -> str:
     return (f"dra-driver: configuration error: kubeconfig {kubeconfig}: not a usable kubeconfig "
-            f"file: Invalid kube-config file. Expected object with name gone in {kubeconfig}/clusters list")
+            "file: context 'c' names cluster 'gone', which is not among its clusters")
 
 
 def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no_sockets():

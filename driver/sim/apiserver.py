@@ -1,8 +1,10 @@
 """An in-process stand-in for the Kubernetes API server, enough for this driver.
 
 It serves resource.k8s.io discovery, ResourceClaims (GET), ResourceSlices (list with field
-selectors, get, create, update, delete, watch) and Nodes over real HTTP, so the driver's
-`kubernetes` client code path runs unchanged. Like the real server it validates slices
+selectors, get, create, update, delete, watch) and Nodes over real HTTP (or HTTPS), so the
+driver's client code path runs unchanged. Like the real server it authenticates every
+request but /version (a bearer token it knows, or a client certificate its CA signed:
+401 otherwise), validates slices
 (driver/sim/k8s_limits.py), stores quantities canonically (`40960Mi` comes back as `40Gi`,
 driver/quantity.py), enforces resourceVersion and UID on updates and delete
 preconditions (409), and disables Nagle.
@@ -15,6 +17,7 @@ import copy
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -28,6 +31,9 @@ from driver.sim import claimstatus, events
 from driver.sim.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
+TOKEN = "test-token"  # the token of the kubeconfig that `kubeconfig()` writes
+# What the real server serves to anyone (the system:public-info-viewer role).
+PUBLIC = ("/version", "/healthz", "/livez", "/readyz")
 
 
 @dataclass
@@ -88,6 +94,10 @@ class State:
                                                              "DRADeviceTaints": True,
                                                              "DRAPartitionableDevices": True})
     server_version: tuple[int, int] = (1, 36)  # /version; the shared-counter layout follows it
+    # Bearer tokens it accepts; a client certificate that the TLS context verified is
+    # accepted too (the TLS context decides whether one is asked for).
+    tokens: set[str] = field(default_factory=lambda: {TOKEN})
+    unauthorized: int = 0  # requests answered 401
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
 
@@ -98,7 +108,9 @@ class State:
 class ApiServer:
     def __init__(self, versions: list[str] | None = None,
                  gates: dict[str, bool] | None = None,
-                 server_version: tuple[int, int] = (1, 36)) -> None:
+                 server_version: tuple[int, int] = (1, 36),
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve HTTPS with this server context (tests/tls.py makes one)."""
         self.state = State(server_version=server_version)
         if versions:
             self.state.versions = versions
@@ -106,11 +118,17 @@ class ApiServer:
         handler = type("Handler", (_Handler,), {"state": self.state})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
+        self.tls = tls
+        if tls is not None:
+            # The handshake happens on the handler's thread, at its first read.
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> "ApiServer":
         self.thread.start()
@@ -126,7 +144,7 @@ class ApiServer:
             "apiVersion": "v1", "kind": "Config", "current-context": "emu",
             "clusters": [{"name": "emu", "cluster": {"server": self.url}}],
             "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-            "users": [{"name": "emu", "user": {"token": "test-token"}}],
+            "users": [{"name": "emu", "user": {"token": TOKEN}}],
         }))
         return path
 
@@ -272,6 +290,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _authenticated(self) -> bool:
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme == "Bearer" and token in self.state.tokens:
+            return True
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        return bool(getpeercert and getpeercert())  # verified by the TLS context
+
     def _body(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length)) if length else {}
@@ -326,6 +351,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else None
         if self._fault(method, url.path):
             return
+        if url.path not in PUBLIC and not self._authenticated():
+            with self.state.lock:
+                self.state.unauthorized += 1
+            return self._status(401, "Unauthorized", "Unauthorized")
         if method == "GET" and url.path == f"/apis/{GROUP}":
             versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in self.state.versions]
             return self._send(200, {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
