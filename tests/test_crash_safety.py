@@ -191,7 +191,8 @@ def test_reboot_rewrites_specs():
         kubelet = driver.kubelet()
         wiped = new_claim(api, "wiped", [result("gpu", GPU)])
         stale = new_claim(api, "stale", [result("gpu", GPU2)])
-        first = {c.uid: kubelet.prepare([c]).claims[c.uid] for c in (wiped, stale)}
+        torn = new_claim(api, "torn", [result("nic", NIC)])
+        first = {c.uid: kubelet.prepare([c]).claims[c.uid] for c in (wiped, stale, torn)}
         kubelet.close()
         driver.terminate()
         old_boot = records(dirs)[wiped.uid]["boot_id"]
@@ -202,6 +203,10 @@ def test_reboot_rewrites_specs():
         stale_spec = json.loads(stale_path.read_text())
         stale_spec["devices"][0]["containerEdits"]["env"] = ["STALE=1"]
         stale_path.write_text(json.dumps(stale_spec))
+        # A spec is not fsynced: on a persistent CDI root a power loss can leave its
+        # rename without its data (an empty file), or half of it.
+        torn_path = dirs.cdi / f"{DRIVER}-claim_{torn.uid}.json"
+        torn_path.write_bytes(b"")
         # The claims stay in the API server: prepare confirms each record against its claim
         # (test_plugin_integration.py covers a claim deleted or reallocated meanwhile).
         new_boot = str(uuid.uuid4())
@@ -209,11 +214,12 @@ def test_reboot_rewrites_specs():
 
         driver = DriverProcess(api, dirs).start()
         kubelet = driver.kubelet()
-        for claim in (wiped, stale):
+        for claim in (wiped, stale, torn):
             again = kubelet.prepare([claim]).claims[claim.uid]
             assert again == first[claim.uid]
-        assert_consistent(dirs, {wiped.uid, stale.uid}, set())
+        assert_consistent(dirs, {wiped.uid, stale.uid, torn.uid}, set())
         assert "STALE=1" not in stale_path.read_text()
+        assert json.loads(torn_path.read_text())["devices"]
         assert {r["boot_id"] for r in records(dirs).values()} == {new_boot} != {old_boot}
         assert "claim_restored" in driver.log()
         kubelet.close()
