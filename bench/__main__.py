@@ -627,7 +627,7 @@ def main() -> int:
         api.add_node(NODE)
         # -- baselines ------------------------------------------------------------------------
         grpc_base = table.latency("baseline: gRPC unary, unix socket", baseline_grpc(runs, scratch))
-        get_base = table.latency("baseline: claim GET (kubernetes client)", baseline_get(api, runs, scratch))
+        get_base = table.latency("baseline: claim GET (the driver's client)", baseline_get(api, runs, scratch))
         write_base = table.latency("baseline: atomic write+fsync+rename", baseline_write(runs, scratch))
         # A prepare cannot do less than: one gRPC round trip, one GET, two durable writes
         # (the CDI spec, then the checkpoint record).

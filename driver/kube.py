@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import structlog
 import urllib3
 
 from driver.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
@@ -70,6 +71,11 @@ def api_client(kubeconfig: Path | None, connections: int = 16) -> ApiClient:
         if not config.verify:
             options["cert_reqs"] = ssl.CERT_NONE
             options["assert_hostname"] = False
+            # Said once here, as one event, rather than by urllib3 on every request.
+            structlog.get_logger(component="kube").warning(
+                "api_server_certificate_not_verified", source=config.source, server=config.server,
+                hint="insecure-skip-tls-verify is set; anyone on the path can read and answer")
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     if config.proxy:
         if config.proxy.startswith("socks"):
             try:
