@@ -3,6 +3,7 @@ a fake kubelet. Prints median and p99 per figure, and ratios against the primiti
 driver cannot avoid, measured in the same run on the same machine.
 
     python -m bench [--runs 200] [--idle-seconds 30] [--quick] [--startup-only] [--idle-large 600]
+    python -m bench --against OTHER_CHECKOUT [--runs 200]
 """
 
 from __future__ import annotations
@@ -90,11 +91,16 @@ def throughput(table: Table, api: ApiServer, kubelet: FakeKubelet, label: str = 
 
 class Driver:
     def __init__(self, api: ApiServer, profile: str, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, checkout: Path | None = None,
+                 node: str = NODE) -> None:
+        """`checkout`: run the driver of that source tree (an A/B against another commit)."""
         self.dir = Path(tempfile.mkdtemp(prefix="dra-bench-", dir="/tmp"))
         self.api = api
         self.env = env
-        self.args = [sys.executable, "-m", "driver", "run", "--node-name", NODE, "--driver-name", DRIVER,
+        self.checkout = checkout
+        if checkout is not None:
+            self.env = {**(env or os.environ), "PYTHONPATH": str(checkout)}
+        self.args = [sys.executable, "-m", "driver", "run", "--node-name", node, "--driver-name", DRIVER,
                      "--mock", profile, "--kubeconfig", str(api.kubeconfig(self.dir)),
                      "--kubelet-registrar-dir", str(self.dir / "registry"),
                      "--kubelet-plugins-dir", str(self.dir / "plugins"), "--cdi-root", str(self.dir / "cdi"),
@@ -104,7 +110,7 @@ class Driver:
     def start(self) -> float:
         started = time.perf_counter()
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=open(self.dir / "log", "wb"),
-                                     env=self.env)
+                                     env=self.env, cwd=self.checkout)
         self.started = started
         return started
 
@@ -169,14 +175,14 @@ def bench_startup(table: Table, api: ApiServer, scratch: Path, starts: int) -> f
     return median
 
 
-def new_claim(api: ApiServer, device: str = GPU) -> Claim:
+def new_claim(api: ApiServer, device: str = GPU, node: str = NODE) -> Claim:
     """A claim for the mixed node's first GPU. Many of them are prepared at once below, so
     they hold it with admin access: the exclusivity check lets such claims sit side by
     side, and the prepare path is otherwise the same."""
     uid = str(uuid.uuid4())
     name = f"c-{uid[:8]}"
     api.put_claim(claim_allocated("default", name, uid, [
-        {"request": "r", "driver": DRIVER, "pool": NODE, "device": device, "adminAccess": True}]))
+        {"request": "r", "driver": DRIVER, "pool": node, "device": device, "adminAccess": True}]))
     return Claim("default", name, uid)
 
 
@@ -600,6 +606,72 @@ def bench_rediscovery(table: Table, scratch: Path, sources, result, full: float)
                     f"both together {(c2 - c0) * 1000:.1f} ms CPU")
 
 
+def bench_against(other: Path, runs: int) -> None:
+    """This checkout's driver and `other`'s side by side against one emulator, their
+    prepares alternating (one claim each, then batches and concurrent requests, in turns),
+    so that both meet the same moments of a noisy machine."""
+    checkouts = {"this": Path(__file__).resolve().parent.parent, "other": other}
+    table = Table()
+    with ApiServer() as api:
+        drivers: dict[str, tuple[Driver, FakeKubelet, str]] = {}
+        for label, checkout in checkouts.items():
+            node = f"bench-{label}"
+            api.add_node(node)
+            driver = Driver(api, "mixed", checkout=checkout, node=node)
+            driver.start()
+            drivers[label] = (driver, driver.kubelet(), node)
+        wait(lambda: len(api.state.slices) == 3 * len(drivers))
+        time.sleep(1.0)
+        scratch = Path(tempfile.mkdtemp(prefix="dra-bench-base-", dir="/tmp"))
+        latency: dict[str, list[float]] = {label: [] for label in drivers}
+        for _ in range(runs):
+            for label, (_, kubelet, node) in drivers.items():
+                claim = new_claim(api, node=node)
+                t = time.perf_counter()
+                response = kubelet.prepare([claim])
+                latency[label].append(time.perf_counter() - t)
+                assert response.claims[claim.uid].error == "", response
+                kubelet.unprepare([claim])
+        floor = (table.latency("baseline: gRPC unary, unix socket", baseline_grpc(runs, scratch))
+                 + table.latency("baseline: claim GET (this checkout's client)", baseline_get(api, runs, scratch))
+                 + 2 * table.latency("baseline: atomic write+fsync+rename", baseline_write(runs, scratch)))
+        medians = {}
+        for label, (driver, _, _) in drivers.items():
+            medians[label] = table.latency(f"{label}: prepare, 1 claim", latency[label],
+                                           f"p50 {statistics.median(latency[label]) / floor:.2f}x, "
+                                           f"p99 {pct(latency[label], 0.99) / floor:.2f}x the floor")
+        table.value("prepare: this / other", f"{medians['this'] / medians['other']:.2f}x")
+        rates: dict[str, list[float]] = {label: [] for label in drivers}
+        concurrent: dict[str, list[float]] = {label: [] for label in drivers}
+        cpu: dict[str, list[float]] = {label: [] for label in drivers}
+        for _ in range(4):
+            for label, (driver, kubelet, node) in drivers.items():
+                batch = [new_claim(api, node=node) for _ in range(256)]
+                c0, t = driver.cpu_seconds(), time.perf_counter()
+                response = kubelet.prepare(batch, timeout=120)
+                rates[label].append(256 / (time.perf_counter() - t))
+                cpu[label].append((driver.cpu_seconds() - c0) / 256)
+                assert all(not e.error for e in response.claims.values()), response
+                kubelet.unprepare(batch, timeout=120)
+                singles = [new_claim(api, node=node) for _ in range(64)]
+                t = time.perf_counter()
+                with futures.ThreadPoolExecutor(64) as pool:
+                    errors = list(pool.map(lambda c, k=kubelet: k.prepare([c]).claims[c.uid].error, singles))
+                concurrent[label].append(64 / (time.perf_counter() - t))
+                assert not any(errors), errors
+                kubelet.unprepare(singles, timeout=120)
+        for label, (driver, kubelet, _) in drivers.items():
+            table.value(f"{label}: 256 claims in one request", f"{statistics.median(rates[label]):.0f} claims/s",
+                        "4 rounds: " + ", ".join(f"{r:.0f}" for r in rates[label]))
+            table.value(f"{label}: 64 concurrent 1-claim requests", f"{statistics.median(concurrent[label]):.0f} claims/s",
+                        "4 rounds: " + ", ".join(f"{r:.0f}" for r in concurrent[label]))
+            table.value(f"{label}: driver CPU a claim in a batch", f"{statistics.median(cpu[label]) * 1000:.2f} ms")
+            table.value(f"{label}: RSS after it all", f"{driver.rss_mib():.1f} MiB")
+            kubelet.close()
+            driver.stop()
+    table.print()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--runs", type=int, default=200)
@@ -608,6 +680,9 @@ def main() -> int:
     parser.add_argument("--startup-only", action="store_true", help="the baselines and start-up alone")
     parser.add_argument("--idle-large", type=float, metavar="SECONDS", default=0.0,
                         help="only the idle CPU of a driver on sriov-large over SECONDS (issue 17: 600)")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="only prepare latency, throughput, CPU and RSS, alternating with the driver "
+                             "of another source tree (git worktree add /tmp/old REV)")
     args = parser.parse_args()
     logs.configure("console", "warning")
     if args.quick:
@@ -618,6 +693,11 @@ def main() -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"{platform.platform()}; runs={runs}", flush=True)
 
+    if args.against:
+        if not (args.against / "driver" / "__main__.py").is_file():
+            parser.error(f"--against {args.against}: not a checkout of this driver (no driver/__main__.py)")
+        bench_against(args.against.resolve(), runs)
+        return 0
     if args.idle_large:
         with ApiServer() as api:
             api.add_node(NODE)
