@@ -11,6 +11,7 @@ registration socket).
 from __future__ import annotations
 
 import json
+import platform
 import ssl
 import threading
 import urllib.parse
@@ -21,11 +22,15 @@ from typing import Any, Callable, Iterator
 import structlog
 import urllib3
 
+from driver import __version__
 from driver.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
 from driver.kubeconfig import not_in_cluster, unusable_kubeconfig  # noqa: F401 - re-exported
 from driver.slices import API_GROUP, API_VERSIONS
 
 DEFAULT_TIMEOUT = 10.0
+# What the API server's audit log and its rate limiting (APF) see of us, as client-go's
+# "<program>/<version> (<os>/<arch>)".
+USER_AGENT = f"dra-driver/{__version__} ({platform.system().lower()}/{platform.machine()})"
 
 
 class ApiError(Exception):
@@ -50,7 +55,7 @@ class ApiClient:
         return f"{url}?{urllib.parse.urlencode(query)}" if query else url
 
     def headers(self, extra: dict[str, str]) -> dict[str, str]:
-        return {**self.config.headers(), **extra}
+        return {"User-Agent": USER_AGENT, **self.config.headers(), **extra}
 
 
 def api_client(kubeconfig: Path | None, connections: int = 16) -> ApiClient:
@@ -141,7 +146,9 @@ class Kube:
         try:
             response = _once_more_if_dropped(method, lambda: client.pool.request(
                 method, client.url(path, query), body=data, headers=client.headers(extra),
-                timeout=timeout or self.timeout, retries=False))
+                # The whole request, not each read: a server that trickles its answer
+                # must not hold a prepare longer than this.
+                timeout=urllib3.Timeout(total=timeout or self.timeout), retries=False))
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"{method} {path}: {_reason(err)}") from err
         data = response.data

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+import driver
 import driver.kube
 
 from driver import kubeconfig
@@ -68,6 +69,8 @@ def test_https_with_the_clusters_ca_inline_and_as_a_file(ca, tmp_path):
         inline = write_kubeconfig(tmp_path, api.url,
                                   {"certificate-authority-data": b64(ca.cert_pem.bytes())})
         assert get(inline)["name"] == "resource.k8s.io"
+        (agent,) = api.state.user_agents  # named in the server's audit log, as client-go is
+        assert agent.startswith(f"dra-driver/{driver.__version__} (linux/")
         (tmp_path / "certs").mkdir()
         ca.cert_pem.write_to_path(str(tmp_path / "certs" / "ca.crt"))
         relative = write_kubeconfig(tmp_path, api.url, {"certificate-authority": "certs/ca.crt"},

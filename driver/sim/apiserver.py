@@ -98,6 +98,7 @@ class State:
     # accepted too (the TLS context decides whether one is asked for).
     tokens: set[str] = field(default_factory=lambda: {TOKEN})
     unauthorized: int = 0  # requests answered 401
+    user_agents: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
 
@@ -351,6 +352,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else None
         if self._fault(method, url.path):
             return
+        with self.state.lock:
+            self.state.user_agents.add(self.headers.get("User-Agent") or "")
         if url.path not in PUBLIC and not self._authenticated():
             with self.state.lock:
                 self.state.unauthorized += 1
