@@ -90,9 +90,23 @@ def in_cluster(environ: Mapping[str, str] = os.environ,
                      source="in-cluster service account")
 
 
+def check_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> None:
+    """Every mistake `from_kubeconfig` would find, without its effects: no credential
+    plugin runs and no inline key is written (preflight, before any socket is offered).
+    What only using the settings shows (a CA that is not a certificate, a plugin that
+    fails) is left to the client."""
+    _load(path, environ, dry=True)
+
+
 def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ApiConfig:
     """The current context of a kubeconfig file. Relative file names in it are relative
     to the file, as kubectl reads them."""
+    config = _load(path, environ, dry=False)
+    assert config is not None
+    return config
+
+
+def _load(path: Path, environ: Mapping[str, str], dry: bool) -> ApiConfig | None:
     def fail(why: object) -> ClientConfigError:
         return ClientConfigError(unusable_kubeconfig(path, why))
 
@@ -116,7 +130,7 @@ def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ApiC
     user = _named(data, "users", "user", user_name, fail,
                   f"context {name!r} names user {user_name!r}, which") if user_name else {}
     if user.get("exec") or user.get("auth-provider"):
-        return _by_kubernetes_package(path, environ)
+        return None if dry else _by_kubernetes_package(path, environ)
     server = str(cluster.get("server") or "").rstrip("/")
     if not server.startswith(("https://", "http://")):
         raise fail(f"cluster {cluster_name!r} has no server URL (https://host:port)"
@@ -148,12 +162,14 @@ def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ApiC
     key_data = decoded("client-key-data", user, who)
     cert_file = file("client-certificate", user, who)
     key_file = file("client-key", user, who)
-    if cert_data is not None or key_data is not None:
-        cert_file, key_file = _private_files(cert_data, key_data, cert_file, key_file)
-    if (cert_file is None) != (key_file is None):
+    if (cert_data is None and cert_file is None) != (key_data is None and key_file is None):
         raise fail(f"{who} has a client certificate without its key, or a key without its "
                    "certificate")
     headers = _credentials(user, base, who, fail)
+    if dry:
+        return None
+    if cert_data is not None or key_data is not None:
+        cert_file, key_file = _private_files(cert_data, key_data, cert_file, key_file)
     return ApiConfig(
         server, headers,
         ca_pem=ca_data.decode(errors="replace") if ca_data is not None else None,

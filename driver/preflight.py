@@ -15,10 +15,9 @@ import socket
 from pathlib import Path
 from typing import Mapping
 
-import yaml
-
 from driver import kube
 from driver.config import ConfigError, Config
+from driver.kubeconfig import ClientConfigError, check_kubeconfig
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 # Where the in-cluster configuration (driver/kubeconfig.py) reads its token.
@@ -74,11 +73,11 @@ def port_problem(err: OSError, port: int, option: str) -> str:
 
 def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.environ,
                       token: Path = SERVICE_ACCOUNT_TOKEN) -> None:
-    """The mistakes in the API server configuration that are cheap to see. `dra-driver run`
-    makes its client only after it has offered the kubelet its registration socket (an
-    exec credential plugin runs then); what only the client's loader finds (a context that
-    names no cluster, a certificate file that is missing) is then still one line and exit
-    2, but after start-up began. The in-cluster checks are the loader's own, in its order."""
+    """The mistakes in the API server configuration that reading it shows. `dra-driver
+    run` makes its client only after it has offered the kubelet its registration socket;
+    what only making the client finds (a CA that is not a certificate, an exec plugin that
+    fails) is then still one line and exit 2, but after start-up began. The in-cluster
+    checks are the loader's own, in its order."""
     if kubeconfig is None:
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
         why = ("Service host/port is not set." if host is None or port is None
@@ -88,13 +87,9 @@ def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.e
             raise ConfigError(kube.not_in_cluster(why))
         return
     try:
-        data = yaml.safe_load(kubeconfig.read_bytes())
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(kube.unusable_kubeconfig(kubeconfig, err)) from err
-    if not isinstance(data, dict):
-        raise ConfigError(kube.unusable_kubeconfig(kubeconfig, ValueError(
-            f"it holds a YAML {type(data).__name__}, not a mapping with clusters, contexts "
-            "and users")))
+        check_kubeconfig(kubeconfig, environ)
+    except ClientConfigError as err:
+        raise ConfigError(str(err)) from err
 
 
 def for_run(config: Config) -> None:

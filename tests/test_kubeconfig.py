@@ -290,3 +290,23 @@ def test_proxies_come_from_the_kubeconfig_or_the_environment_unless_no_proxy_cov
     pinned = write_kubeconfig(tmp_path, "https://api.example:6443",
                               {"proxy-url": "http://other:8080"}, name="pinned")
     assert kubeconfig.from_kubeconfig(pinned, {"HTTPS_PROXY": "http://proxy:3128"}).proxy == "http://other:8080"
+
+
+def test_the_preflight_check_runs_no_plugin_and_writes_no_key(ca, tmp_path, monkeypatch):
+    ran = tmp_path / "ran"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"open({str(ran)!r}, 'w').write('x')\n" + EXEC_PLUGIN)
+    exec_user = write_kubeconfig(tmp_path, "https://10.0.0.1:6443", user={"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+        "args": [str(plugin)]}}, name="exec")
+    kubeconfig.check_kubeconfig(exec_user)
+    assert not ran.exists()
+    cert = ca.issue_cert("someone")
+    inline = write_kubeconfig(tmp_path, "https://10.0.0.1:6443", user={
+        "client-certificate-data": b64(cert.cert_chain_pems[0].bytes()),
+        "client-key-data": b64(cert.private_key_pem.bytes())}, name="inline")
+    monkeypatch.setattr(kubeconfig, "_private_files", lambda *a: pytest.fail("wrote a key"))
+    kubeconfig.check_kubeconfig(inline)
+    with pytest.raises(ClientConfigError, match="certificate without its key"):
+        kubeconfig.check_kubeconfig(write_kubeconfig(tmp_path, "https://10.0.0.1:6443", user={
+            "client-key-data": b64(cert.private_key_pem.bytes())}, name="keyonly"))

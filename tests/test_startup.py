@@ -1,6 +1,6 @@
 """Start-up order: the registration socket before the API client on a starting node, the
-API client first during an upgrade, and what a kubeconfig that only the client's loader
-rejects does in each case."""
+API client first during an upgrade, and what a kubeconfig that only making the client
+rejects does in each case (one that reading it rejects stops the driver in preflight)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs
 from tests.inprocess import InProcessPlugin
 
-# A mapping, so preflight's cheap check passes it; the client's loader then finds that its
-# context names a cluster the file does not have.
+# A kubeconfig that reads well, so preflight passes it; making the client then finds that
+# its CA is not a certificate.
+BAD_CA = """apiVersion: v1
+kind: Config
+current-context: c
+contexts: [{name: c, context: {cluster: k, user: u}}]
+clusters: [{name: k, cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: bm90IGEgY2VydGlmaWNhdGUK}}]
+users: [{name: u, user: {token: t}}]
+"""
+# Preflight sees this one: its context names a cluster the file does not have.
 DANGLING_CONTEXT = """apiVersion: v1
 kind: Config
 current-context: c
@@ -78,18 +86,32 @@ def run_driver(dirs: DriverDirs, kubeconfig: Path) -> subprocess.CompletedProces
         capture_output=True, text=True, timeout=60)
 
 
-def expected_error(kubeconfig: Path) -> str:
-    return (f"dra-driver: configuration error: kubeconfig {kubeconfig}: not a usable kubeconfig "
-            "file: context 'c' names cluster 'gone', which is not among its clusters")
+def client_error(kubeconfig: Path) -> str:
+    return f"dra-driver: configuration error: kubeconfig {kubeconfig}: cannot use its TLS settings: "
 
 
-def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no_sockets():
+def test_a_kubeconfig_that_reads_wrong_stops_the_driver_before_it_offers_a_socket():
     dirs = DriverDirs.make()
     kubeconfig = dirs.root / "kubeconfig"
     kubeconfig.write_text(DANGLING_CONTEXT)
     proc = run_driver(dirs, kubeconfig)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == expected_error(kubeconfig)
+    assert proc.stderr.strip().splitlines() == [
+        f"dra-driver: configuration error: kubeconfig {kubeconfig}: not a usable kubeconfig "
+        "file: context 'c' names cluster 'gone', which is not among its clusters"], \
+        "preflight's one line, before anything started"
+    assert not dirs.registry.exists() or list(dirs.registry.iterdir()) == []
+    dirs.cleanup()
+
+
+def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no_sockets():
+    dirs = DriverDirs.make()
+    kubeconfig = dirs.root / "kubeconfig"
+    kubeconfig.write_text(BAD_CA)
+    proc = run_driver(dirs, kubeconfig)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(client_error(kubeconfig)), proc.stderr
+    assert '"discovery_done"' in proc.stderr, "past preflight: start-up had begun"
     assert "Traceback" not in proc.stderr
     left = [p.name for p in dirs.registry.iterdir()] + [p.name for p in dirs.plugins.rglob("*.sock")]
     assert left == [], "the sockets it offered are withdrawn"
@@ -99,7 +121,7 @@ def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no
 def test_during_an_upgrade_a_kubeconfig_the_loader_rejects_leaves_the_running_pod_its_sockets():
     dirs = DriverDirs.make()
     kubeconfig = dirs.root / "kubeconfig"
-    kubeconfig.write_text(DANGLING_CONTEXT)
+    kubeconfig.write_text(BAD_CA)
     peer = Instance.register(dirs.state, "the-running-pod")
     # The running pod's sockets, as the kubelet knows them.
     registration = dirs.registry / f"{DRIVER}-reg.sock"
@@ -115,7 +137,7 @@ def test_during_an_upgrade_a_kubeconfig_the_loader_rejects_leaves_the_running_po
     try:
         proc = run_driver(dirs, kubeconfig)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.strip().splitlines()[-1] == expected_error(kubeconfig)
+        assert proc.stderr.strip().splitlines()[-1].startswith(client_error(kubeconfig)), proc.stderr
         assert "Traceback" not in proc.stderr
         assert {p: os.stat(p).st_ino for p in (registration, service)} == before, \
             "the new pod never touched the running pod's sockets"
