@@ -152,6 +152,8 @@ class Plugin:
                        config.mps_start_timeout),
             boot_id, inventory)
         mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory)
+        metadata = MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token)
+        metadata.sweep_temp_files(instance.owner_state)
         instance.forget_dead()  # after the sweeps above, which need to know who died
         metrics = Metrics(config.driver_name)
         status = (StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
@@ -171,7 +173,7 @@ class Plugin:
             mig=mig,
             status=status,
             addresses=host_addresses(node.proc),
-            metadata=MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token),
+            metadata=metadata,
         )
         registration = Registration(config.driver_name, str(config.dra_socket),
                                     (*DRA_SERVICES, *health_stream.SERVICE_NAMES))

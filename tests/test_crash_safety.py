@@ -41,9 +41,10 @@ def assert_consistent(dirs, prepared: set[str], unprepared: set[str]) -> None:
                     assert Path(mount["hostPath"]).is_file(), mount
     for uid in unprepared:
         assert uid not in recs and uid not in specs, uid
-        assert not (dirs.state / "metadata" / uid).exists(), uid
+        assert not [p for p in (dirs.state / "metadata").glob(f"{uid}*")], uid
     assert set(recs) == set(specs) == prepared
-    leftovers = [p for d in (dirs.cdi, dirs.state / "claims") for p in d.iterdir() if ".tmp-" in p.name]
+    leftovers = [p for d in (dirs.cdi, dirs.state / "claims", dirs.state / "metadata")
+                 for p in d.iterdir() if ".tmp-" in p.name]
     assert leftovers == []
 
 
@@ -110,8 +111,10 @@ def test_every_crash_point_recovers():
         # Half-written temp files from a kill inside atomic.write.
         (dirs.cdi / f".{DRIVER}-claim_{claims[3].uid}.json.tmp-999").write_text("{\"half")
         (dirs.state / "claims" / f".{claims[3].uid}.json.tmp-999").write_text("{")
+        (dirs.state / "metadata" / f".{claims[3].uid}_dev.json.tmp-999").write_text("{")
         for leftover in (dirs.cdi / f".{DRIVER}-claim_{claims[3].uid}.json.tmp-999",
-                         dirs.state / "claims" / f".{claims[3].uid}.json.tmp-999"):
+                         dirs.state / "claims" / f".{claims[3].uid}.json.tmp-999",
+                         dirs.state / "metadata" / f".{claims[3].uid}_dev.json.tmp-999"):
             os.utime(leftover, (time.time() - 120, time.time() - 120))  # from a kill minutes ago
 
         driver = DriverProcess(api, dirs).start()

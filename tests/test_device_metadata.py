@@ -74,8 +74,10 @@ def test_each_request_gets_its_file_with_the_published_attributes(env):
     (nic,) = nic_request["devices"]
     assert nic["networkData"]["interfaceName"] == "enp18s0f0"
     assert nic["networkData"]["ips"] == ["10.100.0.2/24", "fd00::2/64"]
+    assert set(mounts.values()) == {str(dirs.state / "metadata" / f"{claim.uid}_{r}.json")
+                                    for r in ("gpu", "nic")}, "side by side, no directory per claim"
     assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
-    assert not (dirs.state / "metadata" / claim.uid).exists()
+    assert metadata_files(dirs, claim.uid) == []
 
 
 def test_a_template_claim_uses_the_pod_claim_name(env):
@@ -110,13 +112,38 @@ def test_a_reboot_rewrites_the_file_with_a_higher_generation(env):
         again.kill()
 
 
+def metadata_files(dirs, uid: str) -> list[str]:
+    return sorted(p.name for p in (dirs.state / "metadata").iterdir() if p.name.startswith(uid))
+
+
 def test_files_no_claim_needs_are_swept(env):
-    _, driver, _, dirs = env
-    stray = dirs.state / "metadata" / str(uuid.uuid4()) / "gpu"
-    stray.mkdir(parents=True)
-    (stray / f"{DRIVER}-metadata.json").write_text("{}")
+    api, driver, kubelet, dirs = env
+    kept = new_claim(api, "kept", [result("gpu", GPU)])
+    assert kubelet.prepare([kept]).claims[kept.uid].error == ""
+    root = dirs.state / "metadata"
+    stray = root / f"{uuid.uuid4()}_gpu.json"
+    stray.write_text("{}")
+    # and one as versions before 2026-12-04 laid them out, a directory per claim
+    legacy = root / str(uuid.uuid4()) / "gpu"
+    legacy.mkdir(parents=True)
+    (legacy / f"{DRIVER}-metadata.json").write_text("{}")
+    (root / "notes.txt").write_text("not ours")
     deadline = time.monotonic() + 15
-    while stray.parent.exists():
+    while stray.exists() or legacy.parent.exists():
         assert time.monotonic() < deadline, driver.log()[-2000:]
         time.sleep(0.1)
-    assert "claim_metadata_swept" in driver.log()
+    assert driver.log().count("claim_metadata_swept") == 2
+    assert metadata_files(dirs, kept.uid) == [f"{kept.uid}_gpu.json"], "a prepared claim's stays"
+    assert (root / "notes.txt").exists()
+
+
+def test_unprepare_removes_a_directory_an_older_version_wrote(env):
+    """A claim prepared before an upgrade has its file where that version put it."""
+    api, _, kubelet, dirs = env
+    claim = new_claim(api, "old", [result("gpu", GPU)])
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    legacy = dirs.state / "metadata" / claim.uid / "gpu"
+    legacy.mkdir(parents=True)
+    (legacy / f"{DRIVER}-metadata.json").write_text("{}")
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert metadata_files(dirs, claim.uid) == []

@@ -95,7 +95,7 @@ def test_prepare_and_unprepare(env, version):
     # KEP-5304: the request's device metadata, read-only, at the well-known path.
     metadata = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/gpu/{DRIVER}-metadata.json"
     assert {m["containerPath"]: m["hostPath"] for m in gpu_edits["mounts"]} == {
-        metadata: f"{dirs.state}/metadata/{claim.uid}/gpu/{DRIVER}-metadata.json",
+        metadata: f"{dirs.state}/metadata/{claim.uid}_gpu.json",
         "/usr/local/nvidia/lib64/libcuda.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
         "/usr/local/nvidia/lib64/libnvidia-ml.so.1": f"{driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
         "/usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.1":

@@ -13,21 +13,28 @@ one per supported version, newest first (one today): the claim's identity with a
 `generation` that grows with every rewrite, and per device its driver, pool, name, the
 attributes as published in the ResourceSlice, and `networkData` for NICs.
 
-The files live in the state directory (`metadata/<claim UID>/`), a host path the runtime
-can bind-mount. They are written (atomically, without fsync: see `write`) before the CDI
-spec that mounts them and removed after it, so a spec never points at a missing file; a crash in between leaves files that the
-retried prepare rewrites, the unprepare removes, or the sweep removes once no record and
-no spec names the claim.
+The files live in the state directory, side by side as `metadata/<claim UID>_<request>.json`,
+a host path the runtime can bind-mount. No directory per claim: on ext4 making and
+removing two directories cost a prepare and its unprepare more CPU than everything else
+they write (a directory's inode and block are allocated apart from its parent's).
+Versions before 2026-12-04 wrote `metadata/<claim UID>/<request>/<driver>-metadata.json`;
+such a directory is removed with its claim and swept like a file.
+They are written (atomically, without fsync: see `write`) before the CDI spec that mounts
+them and removed after it, so a spec never points at a missing file; a crash in between
+leaves files that the retried prepare rewrites, the unprepare removes, or the sweep
+removes once no record and no spec names the claim.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
-from driver import atomic, cdi, slices
+from driver import atomic, cdi, names, slices
 from driver.checkpoint import PreparedDevice
 from driver.claims import ClaimRef
 from driver.devices.model import Device
@@ -53,8 +60,13 @@ class MetadataFiles:
     driver: str
     owner: str  # the writing instance's token (atomic temp files)
 
-    def directory(self, uid: str) -> Path:
-        return self.root / uid
+    def path(self, uid: str, request: str) -> Path:
+        # Both are DNS labels (no "_"), so the name splits back into them.
+        return self.root / f"{uid}_{request}.json"
+
+    def sweep_temp_files(self, owner_state: Callable[[str], str]) -> None:
+        """Temp files of writers that died (see driver/atomic.py); call at start."""
+        atomic.sweep_temp_files(self.root, owner_state)
 
     def write(self, ref: ClaimRef, pod_claim: str | None,
               devices: list[tuple[PreparedDevice, Device, dict | None]]) -> dict[str, cdi.Mount]:
@@ -65,7 +77,7 @@ class MetadataFiles:
             by_request.setdefault(entry[0].request.split("/", 1)[0], []).append(entry)
         mounts = {}
         for request, entries in by_request.items():
-            host = self.directory(ref.uid) / request / f"{self.driver}-metadata.json"
+            host = self.path(ref.uid, request)
             generation = _generation(host) + 1
             body = {
                 "kind": "DeviceMetadata", "apiVersion": API_VERSION,
@@ -82,15 +94,47 @@ class MetadataFiles:
             mounts[request] = cdi.Mount(str(host), container_path(ref, pod_claim, request, self.driver))
         return mounts
 
-    def remove(self, uid: str) -> bool:
-        directory = self.directory(uid)
-        if not directory.exists():
-            return False
-        shutil.rmtree(directory, ignore_errors=True)
-        return True
+    def remove(self, uid: str, requests: Iterable[str] | None = None) -> bool:
+        """The claim's files: those of `requests` (its record's), or, without a record,
+        whatever the directory holds for it. Not fsynced, like the writes."""
+        if requests is None:
+            return discard(self.files().get(uid, []))
+        return discard([self.path(uid, request) for request in requests] + [self.root / uid])
+
+    def files(self) -> dict[str, list[Path]]:
+        """Claim UID -> its files (an older version's directory counts as one)."""
+        found: dict[str, list[Path]] = {}
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return found
+        for entry in entries:
+            if entry.name.startswith("."):  # a temp file
+                continue
+            uid = entry.name.split("_", 1)[0] if entry.name.endswith(".json") else entry.name
+            if not names.is_dns_label(uid):  # not ours: never named after a claim
+                continue
+            if entry.is_dir(follow_symlinks=False) or ("_" in entry.name and uid != entry.name):
+                found.setdefault(uid, []).append(Path(entry.path))
+        return found
 
     def uids(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+        return sorted(self.files())
+
+
+def discard(paths: Iterable[Path]) -> bool:
+    """Remove files, and an older version's directories; whether anything was there."""
+    removed = False
+    for path in paths:
+        try:
+            path.unlink()
+            removed = True
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:  # metadata/<uid>/ of a version before 2026-12-04
+            shutil.rmtree(path, ignore_errors=True)
+            removed = True
+    return removed
 
 
 def _requests(driver: str, entries) -> list[dict]:

@@ -42,7 +42,7 @@ from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocat
 from driver.devices.model import Device, Inventory
 from driver.locks import KeyedLocks, ProcessLock
 from driver.prepare import status as claim_status
-from driver.prepare.metadata import MetadataFiles, pod_claim_name
+from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name
 from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.sharing import DeviceSharing, Use, use_of
 
@@ -378,7 +378,7 @@ class Preparer:
         # record without a spec is harmless and removed by the retry.
         removed_spec = self.cdi.remove(ref.uid)
         if self.metadata is not None:  # after the spec that mounts it
-            self.metadata.remove(ref.uid)
+            self.metadata.remove(ref.uid, self._requests_of(ref.uid))
         removed_record = self.checkpoint.remove(ref.uid)
         if self.status is not None:
             self.status.publish(ref, [])  # our entries leave the claim (if it is still there)
@@ -398,6 +398,14 @@ class Preparer:
             log.warning("device_setup_undo_failed", errors=errors)
             return f"claim {ref}: unprepared, but " + "; ".join(errors)
         return ""
+
+    def _requests_of(self, uid: str) -> set[str] | None:
+        """The top-level requests of a claim's record; None without a readable record."""
+        try:
+            record = self.checkpoint.get(uid)
+        except CheckpointError:
+            return None
+        return {base_request(d.request) for d in record.devices} if record is not None else None
 
     async def reconcile_sharing(self) -> list[str]:
         """After a start and periodically: device setups match the prepared claims, and
@@ -423,9 +431,9 @@ class Preparer:
         if self.metadata is None:
             return
         known = set(self.checkpoint.uids())
-        for uid in self.metadata.uids():
+        for uid, paths in self.metadata.files().items():
             if uid not in known and not self.cdi.path(uid).exists():
-                self.metadata.remove(uid)
+                discard(paths)
                 self.log.info("claim_metadata_swept", claim_uid=uid)
 
     def _release_partitions(self, records: list[ClaimRecord]) -> list[str]:
