@@ -136,16 +136,16 @@ class Kube:
                 content_type: str = "application/json", timeout: float | None = None) -> Any:
         client = self._api(method, path)
         extra = {"Accept": "application/json"}
-        data = None
+        payload = None
         if body is not None:
             extra["Content-Type"] = content_type
             # Objects as JSON for every content type we send (apply-patch+yaml too: JSON
             # is YAML); a body already serialized goes as it is.
-            data = (body if isinstance(body, bytes) else body.encode() if isinstance(body, str)
-                    else json.dumps(body).encode())
+            payload = (body if isinstance(body, bytes) else body.encode() if isinstance(body, str)
+                       else json.dumps(body).encode())
         try:
             response = _once_more_if_dropped(method, lambda: client.pool.request(
-                method, client.url(path, query), body=data, headers=client.headers(extra),
+                method, client.url(path, query), body=payload, headers=client.headers(extra),
                 # The whole request, not each read: a server that trickles its answer
                 # must not hold a prepare longer than this.
                 timeout=urllib3.Timeout(total=timeout or self.timeout), retries=False))

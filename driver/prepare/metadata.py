@@ -118,9 +118,6 @@ class MetadataFiles:
                 found.setdefault(uid, []).append(Path(entry.path))
         return found
 
-    def uids(self) -> list[str]:
-        return sorted(self.files())
-
 
 def discard(paths: Iterable[Path]) -> bool:
     """Remove files, and an older version's directories; whether anything was there."""
