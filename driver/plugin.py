@@ -408,6 +408,7 @@ class Plugin:
                     "tasks_not_stopped", tasks=sorted(t.get_name() for t in stuck))
         for endpoint in self.endpoints:
             endpoint.stop()
+        self.preparer.checkpoint.close()
         self.instance.release()
         structlog.get_logger(component="plugin").info("plugin_stopped")
 

@@ -326,6 +326,32 @@ def test_checkpoint_marker_differs_after_a_container_restart_in_the_same_pod(tmp
     assert list(b.records()) == []
 
 
+def test_checkpoint_marker_written_in_place_and_by_an_older_version(tmp_path):
+    """The marker is rewritten in place (padded, never truncated); an older version
+    beside it truncates and rewrites the same file. Each sees the other's changes."""
+    a = Checkpoint(tmp_path, Instance.register(tmp_path, "pod-a"))
+    device = PreparedDevice("r", "pool", "gpu-0", ("v/claim=x",))
+    marker = tmp_path / "claims" / ".changes"
+    a.put(ClaimRecord("u1", "ns", "one", State.PREPARE_COMPLETED, "boot", (device,)))
+    inode = marker.stat().st_ino
+    assert [r.uid for r in a.records()] == ["u1"]
+    # An older version writes a record and its (short, unpadded) marker.
+    older = ClaimRecord("u2", "ns", "two", State.PREPARE_COMPLETED, "boot", (device,))
+    (tmp_path / "claims" / "u2.json").write_bytes(older.to_json())
+    theirs = "0ld0ld0ld0ld " + "f" * 48 + " 1"  # longer than ours, unpadded
+    marker.write_text(theirs)
+    assert sorted(r.uid for r in a.records()) == ["u1", "u2"]
+    # Our next change covers all of theirs, in the same file.
+    a.remove("u1")
+    assert marker.read_text().split() == [a.instance.token, a._nonce, str(a._counter)]
+    assert marker.stat().st_ino == inode
+    assert [r.uid for r in a.records()] == ["u2"]
+    a.close()
+    a.put(ClaimRecord("u3", "ns", "three", State.PREPARE_COMPLETED, "boot", (device,)))
+    assert sorted(r.uid for r in a.records()) == ["u2", "u3"], "reopened after close"
+    a.close()
+
+
 def test_checkpoint_fresh_read_trusts_the_disk_over_the_cache(tmp_path):
     checkpoint = Checkpoint(tmp_path, Instance.register(tmp_path, None))
     device = PreparedDevice("r", "pool", "gpu-0", ("v/claim=x",))
