@@ -191,56 +191,81 @@ class _Echo(reg_grpc.RegistrationServicer):
         return reg_pb2.PluginInfo()
 
 
-def baseline_grpc(runs: int, directory: Path) -> list[float]:
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    reg_grpc.add_RegistrationServicer_to_server(_Echo(), server)
-    sock = directory / "echo.sock"
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    with grpc.insecure_channel(f"unix://{sock}") as channel:
-        stub = reg_grpc.RegistrationStub(channel)
-        stub.GetInfo(reg_pb2.InfoRequest())
-        times = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            stub.GetInfo(reg_pb2.InfoRequest())
-            times.append(time.perf_counter() - t)
-    server.stop(0)
-    return times
+class Floor:
+    """What a prepare cannot avoid, one primitive at a time: a gRPC round trip on a unix
+    socket, a claim GET with the driver's client, a durable atomic write of a new file.
+    Sampled between the prepares it is compared with (`sample`), so that both meet the
+    same state of the machine: this VM's disk is much slower for a while after a burst
+    of file creation (a durable write 0.4 ms, then 1.2 ms a minute later), and a floor
+    measured before the start-up section that writes the mock trees was not the floor
+    the prepares met."""
 
+    def __init__(self, api: ApiServer, scratch: Path) -> None:
+        directory = self.directory = Path(tempfile.mkdtemp(prefix="floor-", dir=scratch))
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        reg_grpc.add_RegistrationServicer_to_server(_Echo(), self.server)
+        self.server.add_insecure_port(f"unix://{directory / 'echo.sock'}")
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"unix://{directory / 'echo.sock'}")
+        self.stub = reg_grpc.RegistrationStub(self.channel)
+        self.kube = Kube(api_client(api.kubeconfig(directory)))
+        self.claim_path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{new_claim(api).name}"
+        self.stub.GetInfo(reg_pb2.InfoRequest())
+        self.kube.request("GET", self.claim_path)
+        self.times: dict[str, list[float]] = {"grpc": [], "get": [], "write": [], "remove": []}
+        self._previous: Path | None = None
 
-def baseline_get(api: ApiServer, runs: int, directory: Path) -> list[float]:
-    kube = Kube(api_client(api.kubeconfig(directory)))
-    claim = new_claim(api)
-    path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{claim.name}"
-    kube.request("GET", path)
-    times = []
-    for _ in range(runs):
+    def grpc(self) -> float:
         t = time.perf_counter()
-        kube.request("GET", path)
-        times.append(time.perf_counter() - t)
-    return times
+        self.stub.GetInfo(reg_pb2.InfoRequest())
+        return self._note("grpc", t)
 
-
-def baseline_write(runs: int, directory: Path, new_files: bool = True) -> list[float]:
-    """One durable atomic write, as a prepare makes two (spec and record). `new_files`:
-    each write creates a file of a new name, as a prepare does for a new claim's UID, and
-    the previous one is removed untimed, as its unprepare would; otherwise the writes
-    replace 8 files over and over, which costs this VM's ext4 less CPU (~76 against ~250
-    us a write in a loop of create+rename; the wall time, mostly the fsync, is the same)."""
-    data = b"{" + b" " * 600 + b"}"
-    times = []
-    previous: Path | None = None
-    for i in range(runs):
-        path = directory / (f"w-{uuid.uuid4()}.json" if new_files else f"w{i % 8}.json")
+    def get(self) -> float:
         t = time.perf_counter()
-        atomic.write(path, data)
-        times.append(time.perf_counter() - t)
-        if new_files:
-            if previous is not None:
-                previous.unlink()
-            previous = path
-    return times
+        self.kube.request("GET", self.claim_path)
+        return self._note("get", t)
+
+    def write(self) -> float:
+        """A file of a new name, as a prepare writes for a new claim's UID."""
+        path = self.directory / f"w-{uuid.uuid4()}.json"
+        t = time.perf_counter()
+        atomic.write(path, b"{" + b" " * 600 + b"}")
+        self._previous = path
+        return self._note("write", t)
+
+    def remove(self) -> float:
+        """The file `write` made, removed durably, as an unprepare removes a spec."""
+        assert self._previous is not None
+        t = time.perf_counter()
+        atomic.remove(self._previous)
+        return self._note("remove", t)
+
+    def sample(self) -> None:
+        self.grpc(), self.get(), self.write(), self.remove()
+
+    def _note(self, what: str, started: float) -> float:
+        elapsed = time.perf_counter() - started
+        self.times[what].append(elapsed)
+        return elapsed
+
+    def prepare(self) -> float:
+        """gRPC + GET + two durable writes (the CDI spec, then the checkpoint record)."""
+        return (statistics.median(self.times["grpc"]) + statistics.median(self.times["get"])
+                + 2 * statistics.median(self.times["write"]))
+
+    def unprepare(self) -> float:
+        """gRPC + two durable removes (the spec, then the record)."""
+        return statistics.median(self.times["grpc"]) + 2 * statistics.median(self.times["remove"])
+
+    def rows(self, table: Table, label: str = "") -> None:
+        table.latency(f"baseline: gRPC unary, unix socket{label}", self.times["grpc"])
+        table.latency(f"baseline: claim GET (the driver's client){label}", self.times["get"])
+        table.latency(f"baseline: atomic write+fsync+rename, a new file{label}", self.times["write"])
+        table.latency(f"baseline: unlink+fsync of the directory{label}", self.times["remove"])
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(0)
 
 
 def wait(predicate, timeout: float = 120) -> bool:
@@ -634,6 +659,7 @@ def bench_against(other: Path, runs: int) -> None:
         wait(lambda: len(api.state.slices) == 3 * len(drivers))
         time.sleep(1.0)
         scratch = Path(tempfile.mkdtemp(prefix="dra-bench-base-", dir="/tmp"))
+        floor_sampler = Floor(api, scratch)
         latency: dict[str, list[float]] = {label: [] for label in drivers}
         for _ in range(runs):
             for label, (_, kubelet, node) in drivers.items():
@@ -643,9 +669,10 @@ def bench_against(other: Path, runs: int) -> None:
                 latency[label].append(time.perf_counter() - t)
                 assert response.claims[claim.uid].error == "", response
                 kubelet.unprepare([claim])
-        floor = (table.latency("baseline: gRPC unary, unix socket", baseline_grpc(runs, scratch))
-                 + table.latency("baseline: claim GET (this checkout's client)", baseline_get(api, runs, scratch))
-                 + 2 * table.latency("baseline: atomic write+fsync+rename, a new file", baseline_write(runs, scratch)))
+            floor_sampler.sample()
+        floor_sampler.rows(table, " (between the prepares)")
+        floor = floor_sampler.prepare()
+        floor_sampler.close()
         medians = {}
         for label, (driver, _, _) in drivers.items():
             medians[label] = table.latency(f"{label}: prepare, 1 claim", latency[label],
@@ -716,15 +743,12 @@ def main() -> int:
         return 0
     with ApiServer() as api:
         api.add_node(NODE)
-        # -- baselines ------------------------------------------------------------------------
-        grpc_base = table.latency("baseline: gRPC unary, unix socket", baseline_grpc(runs, scratch))
-        get_base = table.latency("baseline: claim GET (the driver's client)", baseline_get(api, runs, scratch))
-        write_base = table.latency("baseline: atomic write+fsync+rename, a new file", baseline_write(runs, scratch))
-        # A prepare cannot do less than: one gRPC round trip, one GET, two durable writes
-        # (the CDI spec, then the checkpoint record).
-        floor = grpc_base + get_base + 2 * write_base
-        # An unprepare: one gRPC round trip, two durable removes (~ a write each).
-        unprep_floor = grpc_base + 2 * write_base
+        # -- baselines (again between the prepares below, for their ratios) ------------------
+        base = Floor(api, scratch)
+        for _ in range(runs):
+            base.sample()
+        base.rows(table)
+        base.close()
 
         # -- start-up ---------------------------------------------------------------------------
         bench_startup(table, api, scratch, 5 if args.quick else 10)
@@ -740,6 +764,7 @@ def main() -> int:
 
         # -- prepare / unprepare latency ------------------------------------------------------
         prep, unprep = [], []
+        between = Floor(api, scratch)
         for _ in range(runs):
             claim = new_claim(api)
             t = time.perf_counter()
@@ -749,9 +774,15 @@ def main() -> int:
             t = time.perf_counter()
             kubelet.unprepare([claim])
             unprep.append(time.perf_counter() - t)
+            between.sample()
+        floor, unprep_floor = between.prepare(), between.unprepare()
+        between.rows(table, " (between the prepares)")
+        between.close()
         p = table.latency("prepare: 1 claim, 1 device (v1)", prep, f"floor {floor * 1000:.3f} ms")
         u = table.latency("unprepare: 1 claim (v1)", unprep, f"floor {unprep_floor * 1000:.3f} ms")
-        table.value("prepare / floor (gRPC + GET + 2 writes)", f"{p / floor:.2f}x")
+        table.value("prepare / floor (gRPC + GET + 2 writes)", f"{p / floor:.2f}x",
+                    f"p99 {pct(prep, 0.99) / floor:.2f}x; the floor before start-up: "
+                    f"{base.prepare() * 1000:.3f} ms")
         table.value("unprepare / floor (gRPC + 2 removes)", f"{u / unprep_floor:.2f}x")
 
         # -- throughput ---------------------------------------------------------------------------
