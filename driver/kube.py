@@ -24,7 +24,6 @@ import urllib3
 
 from driver import __version__
 from driver.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
-from driver.kubeconfig import not_in_cluster, unusable_kubeconfig  # noqa: F401 - re-exported
 from driver.slices import API_GROUP, API_VERSIONS
 
 DEFAULT_TIMEOUT = 10.0

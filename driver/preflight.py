@@ -15,13 +15,10 @@ import socket
 from pathlib import Path
 from typing import Mapping
 
-from driver import kube
 from driver.config import ConfigError, Config
-from driver.kubeconfig import ClientConfigError, check_kubeconfig
+from driver.kubeconfig import SERVICE_ACCOUNT, ClientConfigError, check_kubeconfig, in_cluster
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
-# Where the in-cluster configuration (driver/kubeconfig.py) reads its token.
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 def writable_directory(path: Path, option: str) -> None:
@@ -72,22 +69,17 @@ def port_problem(err: OSError, port: int, option: str) -> str:
 
 
 def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.environ,
-                      token: Path = SERVICE_ACCOUNT_TOKEN) -> None:
-    """The mistakes in the API server configuration that reading it shows. `dra-driver
-    run` makes its client only after it has offered the kubelet its registration socket;
-    what only making the client finds (a CA that is not a certificate, an exec plugin that
-    fails) is then still one line and exit 2, but after start-up began. The in-cluster
-    checks are the loader's own, in its order."""
-    if kubeconfig is None:
-        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-        why = ("Service host/port is not set." if host is None or port is None
-               else "Service host/port is set but empty." if not host or not port
-               else None if token.is_file() else "Service token file does not exist.")
-        if why is not None:
-            raise ConfigError(kube.not_in_cluster(why))
-        return
+                      account: Path = SERVICE_ACCOUNT) -> None:
+    """The mistakes in the API server configuration that reading it shows, found by the
+    loader the client uses (driver/kubeconfig.py), run dry. `dra-driver run` makes its
+    client only after it has offered the kubelet its registration socket; what only making
+    the client finds (a CA that is not a certificate, an exec plugin that fails) is then
+    still one line and exit 2, but after start-up began."""
     try:
-        check_kubeconfig(kubeconfig, environ)
+        if kubeconfig is None:
+            in_cluster(environ, account)  # reads the service account, keeps nothing
+        else:
+            check_kubeconfig(kubeconfig, environ)
     except ClientConfigError as err:
         raise ConfigError(str(err)) from err
 

@@ -310,3 +310,18 @@ def test_the_preflight_check_runs_no_plugin_and_writes_no_key(ca, tmp_path, monk
     with pytest.raises(ClientConfigError, match="certificate without its key"):
         kubeconfig.check_kubeconfig(write_kubeconfig(tmp_path, "https://10.0.0.1:6443", user={
             "client-key-data": b64(cert.private_key_pem.bytes())}, name="keyonly"))
+
+
+def test_preflight_checks_the_service_account_with_the_clients_own_loader(tmp_path):
+    from driver import preflight
+    from driver.config import ConfigError
+
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("t")
+    environ = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(ConfigError) as failed:
+        preflight.api_configuration(None, environ, account)
+    assert str(failed.value) == kubeconfig.not_in_cluster("Service certification file does not exist.")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    preflight.api_configuration(None, environ, account)
