@@ -86,14 +86,19 @@ def run_driver(dirs: DriverDirs, kubeconfig: Path) -> subprocess.CompletedProces
         capture_output=True, text=True, timeout=60)
 
 
+def dirs_with(kubeconfig_text: str) -> tuple[DriverDirs, Path]:
+    dirs = DriverDirs.make()
+    kubeconfig = dirs.root / "kubeconfig"
+    kubeconfig.write_text(kubeconfig_text)
+    return dirs, kubeconfig
+
+
 def client_error(kubeconfig: Path) -> str:
     return f"dra-driver: configuration error: kubeconfig {kubeconfig}: cannot use its TLS settings: "
 
 
 def test_a_kubeconfig_that_reads_wrong_stops_the_driver_before_it_offers_a_socket():
-    dirs = DriverDirs.make()
-    kubeconfig = dirs.root / "kubeconfig"
-    kubeconfig.write_text(DANGLING_CONTEXT)
+    dirs, kubeconfig = dirs_with(DANGLING_CONTEXT)
     proc = run_driver(dirs, kubeconfig)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -105,9 +110,7 @@ def test_a_kubeconfig_that_reads_wrong_stops_the_driver_before_it_offers_a_socke
 
 
 def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no_sockets():
-    dirs = DriverDirs.make()
-    kubeconfig = dirs.root / "kubeconfig"
-    kubeconfig.write_text(BAD_CA)
+    dirs, kubeconfig = dirs_with(BAD_CA)
     proc = run_driver(dirs, kubeconfig)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(client_error(kubeconfig)), proc.stderr
@@ -119,9 +122,7 @@ def test_a_kubeconfig_the_loader_rejects_ends_a_fresh_start_with_one_line_and_no
 
 
 def test_during_an_upgrade_a_kubeconfig_the_loader_rejects_leaves_the_running_pod_its_sockets():
-    dirs = DriverDirs.make()
-    kubeconfig = dirs.root / "kubeconfig"
-    kubeconfig.write_text(BAD_CA)
+    dirs, kubeconfig = dirs_with(BAD_CA)
     peer = Instance.register(dirs.state, "the-running-pod")
     # The running pod's sockets, as the kubelet knows them.
     registration = dirs.registry / f"{DRIVER}-reg.sock"
