@@ -99,11 +99,23 @@ class State:
     tokens: set[str] = field(default_factory=lambda: {TOKEN})
     unauthorized: int = 0  # requests answered 401
     user_agents: set[str] = field(default_factory=set)
+    connections: int = 0  # TCP connections accepted (keep-alive reuse shows here)
+    # Close each connection, without notice, after this many answers: what a client sees
+    # of a server's or load balancer's idle timeout (the next request on it gets nothing).
+    answers_per_connection: int | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = None
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The socketserver default is a listen backlog of 5: a client that opens more
+    # connections at once sees the rest wait for SYN retransmits (1 s and more). Go's
+    # server listens with the kernel's limit.
+    request_queue_size = 4096
 
 
 class ApiServer:
@@ -117,8 +129,7 @@ class ApiServer:
             self.state.versions = versions
         self.state.gates.update(gates or {})
         handler = type("Handler", (_Handler,), {"state": self.state})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.tls = tls
         if tls is not None:
             # The handshake happens on the handler's thread, at its first read.
@@ -258,6 +269,11 @@ _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
 _EVENTS = re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events$")
 
 
+# Go's net/http sends a handler's answer with a Content-Length only when it is written
+# whole before its 2 KiB buffer fills; anything longer goes chunked.
+GO_CHUNKING_BYTES = 2048
+
+
 class _Handler(BaseHTTPRequestHandler):
     state: State
     protocol_version = "HTTP/1.1"
@@ -269,15 +285,41 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing --------------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self._answers = 0
+        with self.state.lock:
+            self.state.connections += 1
+
     def _send(self, status: int, body: dict | None = None, body_delay: float = 0.0) -> None:
         data = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        # As Go's net/http (the API server sets no length): a body that does not fit its
+        # 2 KiB buffer goes chunked, a smaller one with its length.
+        chunked = len(data) > GO_CHUNKING_BYTES
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(data)))
         self.end_headers()  # flushes the headers
         if body_delay:
             time.sleep(body_delay)
-        self.wfile.write(data)
+        if chunked:
+            for at in range(0, len(data), 4096):  # Go flushes its 4 KiB writer as it fills
+                part = data[at:at + 4096]
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.wfile.write(data)
+        self._answered()
+
+    def _answered(self) -> None:
+        self._answers += 1
+        limit = self.state.answers_per_connection
+        if limit is not None and self._answers >= limit:
+            self.wfile.flush()
+            self.close_connection = True  # silently: no "Connection: close" was sent
 
     def _status(self, code: int, message: str, reason: str = "", body_delay: float = 0.0) -> None:
         self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -290,6 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        self._answered()
 
     def _authenticated(self) -> bool:
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
