@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from driver import names
 from driver.kube import ApiError, Kube, NotFound
+from driver.kubeaio import LoopGets
 from driver.slices import API_GROUP
 
 
@@ -89,17 +92,34 @@ def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
 
 
 class ClaimReader:
-    """GETs claims with the newest resource.k8s.io version the API server serves."""
+    """GETs claims with the newest resource.k8s.io version the API server serves: `read`
+    on the event loop (Prepare's path, driver/kubeaio.py), `get` from a thread."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, connections: int = 16) -> None:
         self.kube = kube
+        self.gets = LoopGets(kube, connections)
 
     def get(self, ref: ClaimRef) -> dict:
-        try:
-            path = (f"/apis/{API_GROUP}/{self.kube.resource_version()}/namespaces/{ref.namespace}"
-                    f"/resourceclaims/{ref.name}")
-            return self.kube.request("GET", path)
-        except NotFound as err:
-            raise ClaimError(f"claim {ref} not found") from err
-        except ApiError as err:
-            raise ClaimError(f"claim {ref}: cannot read it from the API server: {err}") from err
+        with _claim_errors(ref):
+            return self.kube.request("GET", self._path(ref, self.kube.resource_version()))
+
+    async def read(self, ref: ClaimRef) -> dict:
+        with _claim_errors(ref):
+            version = self.kube.known_resource_version()
+            if version is None:  # asked once, then known
+                version = await asyncio.to_thread(self.kube.resource_version)
+            return await self.gets.get(self._path(ref, version))
+
+    @staticmethod
+    def _path(ref: ClaimRef, version: str) -> str:
+        return f"/apis/{API_GROUP}/{version}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
+
+
+@contextlib.contextmanager
+def _claim_errors(ref: ClaimRef) -> Iterator[None]:
+    try:
+        yield
+    except NotFound as err:
+        raise ClaimError(f"claim {ref} not found") from err
+    except ApiError as err:
+        raise ClaimError(f"claim {ref}: cannot read it from the API server: {err}") from err

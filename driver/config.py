@@ -126,8 +126,8 @@ OPTIONS: tuple[Option, ...] = (
            "write each prepared claim's devices to its status.devices (true/false; needs patch "
            "on resourceclaims/status, and from 1.36 associated-node:patch on resourceclaims/driver)"),
     Option("claim_workers", "--claim-workers", "CLAIM_WORKERS", "32",
-           "threads that run claim operations (the API GET of each claim, its file writes): "
-           "claims of one request and of concurrent requests run in parallel up to this many"),
+           "claims prepared at once, in one request and across concurrent ones: as many claim "
+           "GETs in flight (on the event loop) and as many threads for their file writes"),
     Option("utilization_interval", "--utilization-interval", "UTILIZATION_INTERVAL", "10",
            "seconds between utilization samples of the GPUs and MIG devices (metrics, idle "
            "detection; NIC counters are read at each metrics scrape); 0 turns sampling and "

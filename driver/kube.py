@@ -48,6 +48,7 @@ class ApiClient:
 
     config: ApiConfig
     pool: urllib3.PoolManager
+    tls_context: ssl.SSLContext | None = None  # also for the loop's GETs (driver/kubeaio.py)
 
     def url(self, path: str, query: dict | None = None) -> str:
         url = self.config.server + path
@@ -87,9 +88,9 @@ def api_client(kubeconfig: Path | None, connections: int = 16) -> ApiClient:
             except ImportError as err:
                 raise ClientConfigError(f"{config.source}: proxy {config.proxy} is a SOCKS "
                                         "proxy, which needs PySocks (pip install pysocks)") from err
-            return ApiClient(config, SOCKSProxyManager(config.proxy, **options))
-        return ApiClient(config, urllib3.ProxyManager(config.proxy, **options))
-    return ApiClient(config, urllib3.PoolManager(**options))
+            return ApiClient(config, SOCKSProxyManager(config.proxy, **options), context)
+        return ApiClient(config, urllib3.ProxyManager(config.proxy, **options), context)
+    return ApiClient(config, urllib3.PoolManager(**options), context)
 
 
 def _tls_context(config: ApiConfig) -> ssl.SSLContext:
@@ -123,7 +124,9 @@ class Kube:
                 assert self.make_client is not None
                 self.client = self.make_client()
 
-    def _api(self, method: str, path: str) -> ApiClient:
+    def ensure_client(self, method: str, path: str) -> ApiClient:
+        """The client, made now if it was not yet; an unusable configuration is an
+        ApiError of the request (`method` `path`) that needed it."""
         if self.client is None:
             try:
                 self.connect()
@@ -133,7 +136,7 @@ class Kube:
 
     def request(self, method: str, path: str, query: dict | None = None, body: Any = None,
                 content_type: str = "application/json", timeout: float | None = None) -> Any:
-        client = self._api(method, path)
+        client = self.ensure_client(method, path)
         extra = {"Accept": "application/json"}
         payload = None
         if body is not None:
@@ -150,19 +153,11 @@ class Kube:
                 timeout=urllib3.Timeout(total=timeout or self.timeout), retries=False))
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"{method} {path}: {_reason(err)}") from err
-        data = response.data
-        if response.status == 404:
-            raise NotFound(404, f"{method} {path}: not found")
-        if not 200 <= response.status < 300:
-            raise ApiError(response.status, f"{method} {path}: {_message(data, response.reason)}")
-        try:
-            return json.loads(data) if data else None
-        except ValueError as err:  # a proxy's page with a 200, a cut-off body
-            raise ApiError(0, f"{method} {path}: the answer is not JSON: {data[:80]!r}") from err
+        return answer(method, path, response.status, response.reason, response.data)
 
     def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
         """A watch: yields decoded events until the server closes or `timeout` passes."""
-        client = self._api("GET", path)
+        client = self.ensure_client("GET", path)
         method = "GET"
         try:
             response = _once_more_if_dropped(method, lambda: client.pool.request(
@@ -211,6 +206,10 @@ class Kube:
         served = {v.get("version") for v in (group or {}).get("versions", [])}
         return [v for v in API_VERSIONS if v in served]
 
+    def known_resource_version(self) -> str | None:
+        """The version `resource_version` chose, if it was asked already."""
+        return self._resource_version
+
     def resource_version(self) -> str:
         """The resource.k8s.io version to use (v1, else v1beta2, else v1beta1), asked once
         and shared by claim reads and slice writes."""
@@ -221,6 +220,18 @@ class Kube:
                     raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
                 self._resource_version = served[0]
             return self._resource_version
+
+
+def answer(method: str, path: str, status: int, reason: str | None, data: bytes) -> Any:
+    """A whole answer as the caller gets it: its JSON, NotFound, or ApiError."""
+    if status == 404:
+        raise NotFound(404, f"{method} {path}: not found")
+    if not 200 <= status < 300:
+        raise ApiError(status, f"{method} {path}: {_message(data, reason)}")
+    try:
+        return json.loads(data) if data else None
+    except ValueError as err:  # a proxy's page with a 200, a cut-off body
+        raise ApiError(0, f"{method} {path}: the answer is not JSON: {data[:80]!r}") from err
 
 
 def _once_more_if_dropped(method: str, send: Callable[[], Any]) -> Any:

@@ -66,6 +66,8 @@ class ApiConfig:
     key_file: str | None = None
     proxy: str | None = None
     source: str = ""  # "kubeconfig <path>" or "in-cluster service account", for messages
+    # `headers` may run a credential plugin (seconds): never called on the event loop.
+    headers_may_block: bool = False
 
 
 def in_cluster(environ: Mapping[str, str] = os.environ,
@@ -270,7 +272,7 @@ def _by_kubernetes_package(path: Path, environ: Mapping[str, str]) -> ApiConfig:
                      tls_server_name=configuration.tls_server_name or None,
                      cert_file=configuration.cert_file, key_file=configuration.key_file,
                      proxy=configuration.proxy or _environment_proxy(server, environ),
-                     source=f"kubeconfig {path}")
+                     source=f"kubeconfig {path}", headers_may_block=True)
 
 
 def _private_files(cert: bytes | None, key: bytes | None, cert_file: str | None,

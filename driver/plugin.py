@@ -162,7 +162,7 @@ class Plugin:
             driver=config.driver_name,
             pool=config.node_name,
             inventory=inventory,
-            claims=ClaimReader(kube),
+            claims=ClaimReader(kube, connections=config.claim_workers),
             cdi_writer=cdi_writer,
             checkpoint=checkpoint,
             boot_id=boot_id,
@@ -424,10 +424,10 @@ async def serve(config: Config, kube: Kube | None = None) -> int:
     plugin = Plugin.create(config, kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    # Every claim operation runs in the default executor (asyncio.to_thread). Python sizes
-    # it from the host's CPU count (6 threads on 2 CPUs, 32 on big hosts), whatever the
-    # pod's CPU limit; the work is mostly waiting on the API server and the disk, so the
-    # size is ours to set, the same on every node.
+    # Every claim's file writes run in the default executor (asyncio.to_thread; its GET
+    # runs on the loop). Python sizes it from the host's CPU count (6 threads on 2 CPUs,
+    # 32 on big hosts), whatever the pod's CPU limit; the work is mostly waiting on the
+    # disk, so the size is ours to set, the same on every node.
     loop.set_default_executor(ThreadPoolExecutor(config.claim_workers, thread_name_prefix="claims"))
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -215,7 +215,7 @@ def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
     instance = Instance.register(tmp_path / "state", None)
 
     class Reader:
-        def get(self, ref):
+        async def read(self, ref):
             if ref.name == "boom":
                 raise KeyError("status")
             return {"metadata": {"uid": ref.uid}, "status": {"allocation": {"devices": {"results": [

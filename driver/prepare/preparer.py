@@ -151,7 +151,7 @@ class Preparer:
 
     # -- prepare -------------------------------------------------------------------------
     async def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
-        claim = await asyncio.to_thread(self.claims.get, ref)
+        claim = await self.claims.read(ref)
         allocation = allocation_for(claim, ref, self.driver)
         try:
             prepared = self._resolve(ref, allocation)
