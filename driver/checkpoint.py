@@ -22,10 +22,12 @@ under one lock, or a record read just before its removal could outlive it in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -127,6 +129,7 @@ class Checkpoint:
         self._lock = threading.Lock()  # the cache and _seen change together
         self._seen: str | None = None  # the .changes content our cache reflects
         self._cache: dict[str, ClaimRecord] = {}
+        self._groups = threading.local()  # the write group open on a thread, if any
 
     def path(self, uid: str) -> Path:
         if not names.is_dns_label(uid):
@@ -143,14 +146,51 @@ class Checkpoint:
         return ClaimRecord.from_json(raw, path)
 
     def put(self, record: ClaimRecord) -> None:
-        atomic.write(self.path(record.uid), record.to_json(), mode=0o600, owner=self.instance.token)
+        """Durable when it returns; inside `group()`, durable when the group commits."""
+        group = getattr(self._groups, "open", None)
+        if group is not None:
+            group.write(self.path(record.uid), record.to_json(), mode=0o600)
+        else:
+            atomic.write(self.path(record.uid), record.to_json(), mode=0o600,
+                         owner=self.instance.token)
         self._changed(record.uid, record)
 
     def remove(self, uid: str) -> bool:
-        removed = atomic.remove(self.path(uid))
+        group = getattr(self._groups, "open", None)
+        removed = (group.remove(self.path(uid)) if group is not None
+                   else atomic.remove(self.path(uid)))
         if removed:
             self._changed(uid, None)
         return removed
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[atomic.WriteGroup]:
+        """Puts and removes of this thread inside the block are staged in one
+        atomic.WriteGroup, durable only after its `commit()` (the caller's, before it
+        tells anyone). The cache sees staged records at once, so later claims of the
+        group are checked against them; a group that is left without a commit, or whose
+        commit fails, makes the next `records()` read the disk again."""
+        group = atomic.WriteGroup(self.instance.token)
+        self._groups.open = group
+        committed = False
+        try:
+            yield group
+            committed = len(group) == 0
+        finally:
+            self._groups.open = None
+            if not committed:
+                group.abandon()
+                with self._lock:
+                    self._seen = None  # what the cache holds may not be on the disk
+
+    def commit(self, group: atomic.WriteGroup, parallel: Executor | None = None) -> None:
+        """Make a group's records durable (see `group`; `parallel`: atomic.WriteGroup.commit)."""
+        try:
+            group.commit(parallel)
+        except BaseException:
+            with self._lock:
+                self._seen = None
+            raise
 
     # -- all records, for cross-claim checks (call under the cross-process lock) ---------
     def records(self, fresh: bool = False) -> Iterator[ClaimRecord]:

@@ -408,6 +408,8 @@ class Plugin:
                     "tasks_not_stopped", tasks=sorted(t.get_name() for t in stuck))
         for endpoint in self.endpoints:
             endpoint.stop()
+        # After the servers stopped: nothing new is queued; what is, is finished.
+        await asyncio.to_thread(self.preparer.committer.close)
         self.preparer.checkpoint.close()
         self.instance.release()
         structlog.get_logger(component="plugin").info("plugin_stopped")

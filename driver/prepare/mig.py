@@ -97,6 +97,10 @@ class MigPartitions:
         self.inventory = inventory
         self.log = structlog.get_logger(component="mig")
 
+    def recorded(self) -> bool:
+        """Whether any partition has a record (a directory listing)."""
+        return bool(self.records.devices())
+
     # -- NVML plumbing ------------------------------------------------------------------------
     def _session(self):
         nv = self.nvml

@@ -42,6 +42,7 @@ from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocat
 from driver.devices.model import Device, Inventory
 from driver.locks import KeyedLocks, ProcessLock
 from driver.prepare import status as claim_status
+from driver.prepare.committer import GroupCommitter
 from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name
 from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.sharing import DeviceSharing, Use, use_of
@@ -102,6 +103,7 @@ class Preparer:
         self.metadata = metadata
         self._sharing_lock = threading.RLock()
         self.locks = KeyedLocks()
+        self.committer = GroupCommitter(checkpoint)
         self.log = structlog.get_logger(component="prepare")
 
     # -- entry points --------------------------------------------------------------------
@@ -143,11 +145,23 @@ class Preparer:
             log.exception("claim_internal_error")
             return failed(error=f"claim {ref}: internal error: {err!r}")
 
-    async def _local(self, ref: ClaimRef, change, *args):
-        """Run a local state change of one claim under its lock and the cross-process lock."""
+    async def _local(self, ref: ClaimRef, change, *args, grouped: bool = False):
+        """Run a local state change of one claim under its lock and the cross-process
+        lock: `grouped`, on the committer's thread with other claims' changes (one
+        commit for all; driver/prepare/committer.py), else on a pool thread."""
         async with self.locks.hold(ref.uid):
             async with self.process_lock.hold():
+                if grouped:
+                    return await self.committer.run(change, ref, *args)
                 return await asyncio.to_thread(change, ref, *args)
+
+    def _touches_devices(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> bool:
+        """Whether preparing the claim may change a device (sharing, MIG) or wait for
+        another claim that does: such a claim runs on a pool thread, not in a group."""
+        uses = self._uses(ref, prepared)
+        if any(u.setup is not None or u.share is not None or is_partition(u.device) for u in uses):
+            return True
+        return self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses})
 
     # -- prepare -------------------------------------------------------------------------
     async def _prepare_one(self, ref: ClaimRef, log) -> PrepareOutcome:
@@ -156,7 +170,8 @@ class Preparer:
         try:
             prepared = self._resolve(ref, allocation)
             outcome = await self._local(ref, self._prepare_locally, prepared, log,
-                                        ClaimUsers.of(claim))
+                                        ClaimUsers.of(claim),
+                                        grouped=not self._touches_devices(ref, prepared))
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             if self.status is not None:  # the claim shows why, not only the kubelet's event
                 self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
@@ -371,9 +386,18 @@ class Preparer:
     # -- unprepare -----------------------------------------------------------------------
     async def _unprepare_one(self, ref: ClaimRef, log) -> str:
         # Never the API server: the claim may be gone already (checkpoint data only).
-        return await self._local(ref, self._unprepare_locally, log)
+        async with self.locks.hold(ref.uid):
+            async with self.process_lock.hold():
+                # The claim's files, in a group with other claims' changes; then, on a pool
+                # thread (it may stop an MPS daemon), what no prepared claim needs any more.
+                device_work = await self.committer.run(self._unprepare_locally, ref, log)
+                if not device_work:
+                    return ""
+                return await asyncio.to_thread(self._release_unneeded, ref, log)
 
-    def _unprepare_locally(self, ref: ClaimRef, log) -> str:
+    def _unprepare_locally(self, ref: ClaimRef, log) -> bool:
+        """Remove the claim's spec, metadata and record; whether any device has a
+        setup or partition that may now be unneeded."""
         # The spec goes first: once the record is gone nothing remembers the spec, while a
         # record without a spec is harmless and removed by the retry.
         removed_spec = self.cdi.remove(ref.uid)
@@ -386,14 +410,18 @@ class Preparer:
             log.info("claim_unprepared")
         else:
             log.debug("claim_unprepare_unknown")
-        if self.sharing is None:
-            return ""
-        # Then what no prepared claim needs any more (this claim's MPS daemon, time slice,
-        # compute mode): a failure is returned, so the kubelet retries, and each retry
-        # (and the periodic reconcile) tries again, with or without a record.
+        return ((self.sharing is not None and bool(self.sharing.recorded()))
+                or (self.mig is not None and self.mig.recorded()))
+
+    def _release_unneeded(self, ref: ClaimRef, log) -> str:
+        """Undo what no prepared claim needs any more (this claim's MPS daemon, time
+        slice, compute mode, MIG partition): a failure is returned, so the kubelet
+        retries, and each retry (and the periodic reconcile) tries again, with or without
+        a record."""
         with self._sharing_lock:
             records = list(self.checkpoint.records())
-            errors = self.sharing.release_unneeded(records) + self._release_partitions(records)
+            errors = ((self.sharing.release_unneeded(records) if self.sharing is not None else [])
+                      + self._release_partitions(records))
         if errors:
             log.warning("device_setup_undo_failed", errors=errors)
             return f"claim {ref}: unprepared, but " + "; ".join(errors)
