@@ -410,6 +410,7 @@ class Plugin:
             endpoint.stop()
         # After the servers stopped: nothing new is queued; what is, is finished.
         await asyncio.to_thread(self.preparer.committer.close)
+        self.preparer.claims.gets.close()  # the claim GETs' kept-alive connections
         self.preparer.checkpoint.close()
         self.instance.release()
         structlog.get_logger(component="plugin").info("plugin_stopped")

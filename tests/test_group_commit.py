@@ -206,3 +206,25 @@ def test_two_claims_for_one_device_in_one_group_are_checked_against_each_other(t
     assert errors[0] == "" and f"device {gpu} is already prepared for claim ns/" in errors[1]
     assert len(checkpoint.uids()) == 1
     preparer.committer.close()
+
+
+def test_the_committer_thread_goes_when_idle_and_comes_back_with_the_next_claim(tmp_path, monkeypatch):
+    from driver.prepare import committer as module
+
+    monkeypatch.setattr(module, "IDLE_SECONDS", 0.1)
+    checkpoint, committer = blocked_committer(tmp_path)
+
+    def put(uid):
+        checkpoint.put(record(uid))
+        return threading.current_thread().name
+    assert asyncio.run(committer.run(put, "a")) == "claim-commits"
+    deadline = 50
+    while committer._thread is not None and deadline:
+        threading.Event().wait(0.05)
+        deadline -= 1
+    assert committer._thread is None and committer._fsyncs is None
+    assert asyncio.run(committer.run(put, "b")) == "claim-commits"
+    assert checkpoint.uids() == ["a", "b"]
+    committer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(committer.run(put, "c"))

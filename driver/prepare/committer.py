@@ -35,6 +35,8 @@ MAX_GROUP = 64
 # write cache, 64 fsyncs took 21 ms one after another and 5 ms eight at a time, for less
 # CPU (bench/RESULTS.md).
 FSYNC_THREADS = 8
+# The thread stops after this long without a claim (and starts again with the next).
+IDLE_SECONDS = 60.0
 
 
 @dataclass
@@ -82,14 +84,22 @@ class GroupCommitter:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
-        if self._fsyncs is not None:
-            self._fsyncs.shutdown(wait=False)
+        with self._wake:
+            fsyncs, self._fsyncs = self._fsyncs, None
+        if fsyncs is not None:
+            fsyncs.shutdown(wait=False)
 
     def _serve(self) -> None:
         while True:
             with self._wake:
                 while not self._queue and not self._closed:
-                    self._wake.wait()
+                    if not self._wake.wait(IDLE_SECONDS) and not self._queue:
+                        # Idle: the thread and its fsync pool go; the next run() makes
+                        # new ones (a claim after a quiet spell pays a thread start).
+                        self._thread, fsyncs, self._fsyncs = None, self._fsyncs, None
+                        if fsyncs is not None:
+                            fsyncs.shutdown(wait=False)
+                        return
                 if not self._queue:
                     return
                 group = [self._queue.popleft() for _ in range(min(self.max_group, len(self._queue)))]

@@ -12,7 +12,9 @@ Per claim, in order:
                                                                    spec, PrepareCompleted
 Claims that share a GPU (time-slicing, MPS, consumable shares) or take a dynamic MIG
 partition also get their device set up, before the spec that relies on it is written
-(driver/prepare/sharing.py, driver/prepare/mig.py).
+(driver/prepare/sharing.py, driver/prepare/mig.py), on a pool thread; all other claims
+make their local change on one committer thread, in groups whose records are made
+durable together (driver/prepare/committer.py, docs/crash-safety.md).
 A record alone is never trusted: a claim can be deallocated and allocated anew (other
 devices) while keeping its UID, and the kubelet would then get yesterday's devices.
 The spec's file name is derived from the claim UID, so a crash between the two writes
