@@ -233,11 +233,11 @@ class _Echo(reg_grpc.RegistrationServicer):
 class Floor:
     """What a prepare cannot avoid, one primitive at a time: a gRPC round trip on a unix
     socket, a claim GET with the driver's client, an atomic write of a new file with and
-    without fsync, and (for unprepare) a durable remove. Sampled between the prepares it is compared with (`sample`), so that both meet the
-    same state of the machine: this VM's disk is much slower for a while after a burst
-    of file creation (a durable write 0.4 ms, then 1.2 ms a minute later), and a floor
-    measured before the start-up section that writes the mock trees was not the floor
-    the prepares met."""
+    without fsync, and (for unprepare) a durable remove. Sampled between the prepares it
+    is compared with (`sample`), so that both meet the same state of the machine: this
+    VM's disk is much slower for a while after a burst of file creation (a durable write
+    0.4 ms, then 1.2 ms a minute later), and a floor measured before the start-up section
+    that writes the mock trees was not the floor the prepares met."""
 
     def __init__(self, api: ApiServer, scratch: Path) -> None:
         directory = self.directory = Path(tempfile.mkdtemp(prefix="floor-", dir=scratch))

@@ -15,9 +15,10 @@ starts by reading all records. It is read and rewritten in place through a descr
 held open (one pread, one pwrite): opening, truncating and rewriting it cost ~0.15 ms of
 every put and remove on ext4. In place is safe because every read and write of it
 happens under the cross-process lock, so no reader sees half a write; an older version
-that truncates and rewrites the same file is read as well as before. Inside a process, claims are removed and written in
-parallel threads while another thread reads: the cache and its marker change together
-under one lock, or a record read just before its removal could outlive it in the cache.
+that truncates and rewrites the same file is read as well as before. Inside a process,
+claims are removed and written in parallel threads while another thread reads: the cache
+and its marker change together under one lock, or a record read just before its removal
+could outlive it in the cache.
 """
 
 from __future__ import annotations

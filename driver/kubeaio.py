@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import urllib.parse
 from dataclasses import dataclass
@@ -161,8 +162,6 @@ async def _connect(client, timeout: float) -> _Connection:
     reader, writer = await asyncio.open_connection(url.hostname, port, **options)
     sock = writer.get_extra_info("socket")
     if sock is not None:
-        import socket  # noqa: PLC0415 - only the option's name
-
         with contextlib.suppress(OSError):  # a request is one write; nothing to coalesce
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return _Connection(reader, writer, 0.0)

@@ -157,10 +157,11 @@ class Preparer:
                     return await self.committer.run(change, ref, *args)
                 return await asyncio.to_thread(change, ref, *args)
 
-    def _touches_devices(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> bool:
-        """Whether preparing the claim may change a device (sharing, MIG) or wait for
-        another claim that does: such a claim runs on a pool thread, not in a group."""
-        uses = self._uses(ref, prepared)
+    def _shared(self, uses: list[Use]) -> bool:
+        """Whether preparing the claim may change a device (sharing, MIG) or meet another
+        claim that does. Such claims are checked against each other and change the device,
+        so they go one at a time, on a pool thread: an MPS daemon start must not hold up the
+        committer's group. Exclusive claims on clean devices need neither."""
         if any(u.setup is not None or u.share is not None or is_partition(u.device) for u in uses):
             return True
         return self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses})
@@ -171,9 +172,10 @@ class Preparer:
         allocation = allocation_for(claim, ref, self.driver)
         try:
             prepared = self._resolve(ref, allocation)
-            outcome = await self._local(ref, self._prepare_locally, prepared, log,
-                                        ClaimUsers.of(claim),
-                                        grouped=not self._touches_devices(ref, prepared))
+            uses = self._uses(ref, prepared)
+            shared = self._shared(uses)
+            outcome = await self._local(ref, self._prepare_locally, prepared, uses, shared, log,
+                                        ClaimUsers.of(claim), grouped=not shared)
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             if self.status is not None:  # the claim shows why, not only the kubelet's event
                 self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
@@ -182,14 +184,8 @@ class Preparer:
             self.status.publish(ref, list(outcome.status))
         return outcome
 
-    def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], log,
-                         users: "ClaimUsers") -> PrepareOutcome:
-        uses = self._uses(ref, prepared)
-        # Claims run in parallel threads; those that share a GPU are checked against each
-        # other and change the device, so they go one at a time (exclusive ones need not).
-        shared = any(u.setup is not None or u.share is not None or is_partition(u.device)
-                     for u in uses) or (
-            self.sharing is not None and bool(self.sharing.recorded() & {u.device.name for u in uses}))
+    def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
+                         uses: list[Use], shared: bool, log, users: "ClaimUsers") -> PrepareOutcome:
         with self._sharing_lock if shared else contextlib.nullcontext():
             return self._prepare_checked(ref, prepared, uses, shared, log, users)
 
