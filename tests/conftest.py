@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -19,6 +20,17 @@ SHARED = REPO.parent / "shared"  # optional extras (the upstream CDI schema); ne
 # Where tests/driverproc.py makes socket-friendly short folders: named after this pytest
 # process, so that cleaning up never touches another session's or a user's folders.
 SHORT_TMP_PREFIX = f"/tmp/dra-test-{os.getpid()}-"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest process gets a base folder of its own. pytest's default numbered
+    folders (/tmp/pytest-of-USER/pytest-N) are shared by every session on the machine, and
+    under a retention policy of "none" a session that ends removes all of them, a running
+    session's included: two test runs at once then failed each other with
+    FileNotFoundError. A folder named after this process is removed by this process only."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"dra-pytest-{os.getpid()}-")
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
