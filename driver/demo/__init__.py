@@ -285,8 +285,11 @@ class Demo:
         if rootfs is not None:
             seen = podman.run(rootfs, cdi_ids)
             if seen.returncode != 0:
-                problems.append(f"claim {name}: the container failed: {seen.stderr.strip()}")
-                self.out(f"   container failed: {seen.stderr.strip()}")
+                why = seen.stderr.strip()
+                if "unresolvable CDI devices" in why:
+                    why = self.unresolvable(rootfs, ref, cdi_ids) or why
+                problems.append(f"claim {name}: the container failed: {why}")
+                self.out(f"   container failed: {why}")
                 return
             self.out("   container saw:")
             for line in seen.stdout.splitlines():
@@ -300,6 +303,25 @@ class Demo:
             limits = [v for v in e.get("env", []) if v.startswith("CUDA_MPS_")]
             if limits:
                 self.out(f"     MPS {' '.join(sorted(limits))}")
+
+
+    def unresolvable(self, rootfs: Path, ref, cdi_ids: list[str]) -> str | None:
+        """podman says only "unresolvable CDI devices": say which spec version it refused,
+        and what in the spec needs that version."""
+        spec_file = self.cdi_root / f"{self.driver}-claim_{ref.uid}.json"
+        try:
+            spec = json.loads(spec_file.read_text())
+        except (OSError, ValueError):
+            return None
+        version = str(spec.get("cdiVersion"))
+        refused = podman.refused_spec(rootfs, cdi_ids, spec_file, version)
+        if refused is None:
+            return None
+        used = sorted({key for d in spec.get("devices", []) for key in d.get("containerEdits", {})
+                       if key in podman.NEWER_FIELDS})
+        needs = f" for {', '.join(podman.NEWER_FIELDS[k] for k in used)}" if used else ""
+        return (f"{podman.version()} cannot take CDI spec version {version} ({refused}): the spec "
+                f"{spec_file.name} declares cdiVersion {version}{needs}")
 
 
 
