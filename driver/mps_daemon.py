@@ -8,9 +8,15 @@ daemon ends its MPS servers the way MPS intends, not by a signal. If the daemon 
 does this process, and the kubelet restarts the container.
 
 The daemon comes from the node's driver installation (--nvidia-driver-root): where that
-is a full root filesystem (the GPU operator's /run/nvidia/driver) it runs chrooted there,
-so that its libraries are the ones it was built with; else (the host's own /, mock nodes)
-it runs directly with the installation's library directories on LD_LIBRARY_PATH.
+is a full root filesystem (the host's /, the GPU operator's /run/nvidia/driver) it runs
+chrooted there, so that its libraries, glibc included, are the ones it was built with.
+Inside the chroot the container's paths mean nothing, so the pod also mounts the GPU's
+MPS directory at <driver-root>/tmp and its shm at <driver-root>/dev/shm (CHROOT_DIRECTORY),
+and the daemon is told the paths it sees there. Else (an installation folder without a
+shell, such as a bare lib64/ + bin/ tree, and mock nodes) it runs directly, with the
+installation's binaries on PATH (the control daemon starts nvidia-cuda-mps-server by name)
+and its NVIDIA libraries preloaded by absolute path. Never its library folders on
+LD_LIBRARY_PATH: they hold the host's glibc, which the image's loader would then load.
 """
 
 from __future__ import annotations
@@ -26,12 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver import quantity
-from driver.devices.nvlibs import LIBRARY_DIRS
+from driver.devices.nvlibs import BINARY_DIRS, locate
 
 READY = "ready"
 CONTROL = "control"
 BINARY = "usr/bin/nvidia-cuda-mps-control"
 START_SECONDS = 30.0
+# Where the pod mounts the GPU's MPS directory inside the driver root, for the chroot.
+# /tmp exists in every root filesystem, so the mount needs no folder made on the host.
+CHROOT_DIRECTORY = "/tmp"
+# Loaded by absolute path into the daemon and the servers it starts (non-chroot only).
+PRELOADED = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
 class DaemonError(Exception):
@@ -72,23 +83,43 @@ def control_answers(pipe: Path) -> bool:
         sock.close()
 
 
-def _command(root: Path) -> tuple[list[str], dict[str, str]]:
-    env: dict[str, str] = {}
+@dataclass(frozen=True)
+class Launch:
+    """How the control binary runs: its argv prefix, and the environment and MPS
+    directories as the daemon (chrooted or not) sees them."""
+
+    prefix: tuple[str, ...]
+    env: dict[str, str]
+    pipe: str
+    log: str
+
+
+def chrooted(root: Path) -> bool:
+    return root != Path("/") and (root / "bin" / "sh").exists() and os.geteuid() == 0
+
+
+def launch(root: Path, paths: MpsPaths) -> Launch:
     binary = root / BINARY
     if not binary.exists():
         raise DaemonError(f"{binary} not found: --nvidia-driver-root must name the NVIDIA "
                           "driver installation")
-    if root != Path("/") and (root / "bin" / "sh").exists() and os.geteuid() == 0:
-        return ["chroot", str(root), "/" + BINARY, "-f"], env
-    libraries = [str(root / d) for d in LIBRARY_DIRS if (root / d).is_dir()]
-    if libraries:
-        env["LD_LIBRARY_PATH"] = ":".join(libraries + [os.environ.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    return [str(binary), "-f"], env
+    if chrooted(root):
+        inside = root / CHROOT_DIRECTORY.lstrip("/")
+        if not (inside / "pipe").is_dir() or not os.path.samefile(inside / "pipe", paths.pipe):
+            raise DaemonError(f"{paths.root} is not mounted at {inside}: the chrooted daemon "
+                              "would not find its pipe directory (the pod's volume mounts)")
+        return Launch(("chroot", str(root), "/" + BINARY), {},
+                      f"{CHROOT_DIRECTORY}/pipe", f"{CHROOT_DIRECTORY}/log")
+    env = {"PATH": os.pathsep.join([str(root / d) for d in BINARY_DIRS if (root / d).is_dir()]
+                                   + [os.environ.get("PATH", "")]).rstrip(os.pathsep)}
+    preload = [str(p) for p in (locate(root, s) for s in PRELOADED) if p is not None]
+    if preload:
+        env["LD_PRELOAD"] = ":".join(filter(None, [*preload, os.environ.get("LD_PRELOAD")]))
+    return Launch((str(binary),), env, str(paths.pipe), str(paths.log))
 
 
-def _control(root: Path, env: dict[str, str], commands: list[str]) -> str:
-    binary = root / BINARY
-    done = subprocess.run([str(binary)], input="\n".join(commands) + "\n", env=env,
+def _control(how: Launch, env: dict[str, str], commands: list[str]) -> str:
+    done = subprocess.run(list(how.prefix), input="\n".join(commands) + "\n", env=env,
                           capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise DaemonError(f"nvidia-cuda-mps-control {commands}: "
@@ -102,10 +133,14 @@ def run(args: argparse.Namespace) -> int:
     paths.ready.unlink(missing_ok=True)
     for directory in (paths.pipe, paths.log):
         directory.mkdir(parents=True, exist_ok=True)
-    command, extra = _command(root)
-    env = {**os.environ, **extra, "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe),
-           "CUDA_MPS_LOG_DIRECTORY": str(paths.log), "CUDA_VISIBLE_DEVICES": args.uuid}
-    daemon = subprocess.Popen(command, env=env)
+    try:
+        how = launch(root, paths)
+    except DaemonError as err:
+        print(f"mps-control-daemon: {err}", file=sys.stderr)
+        return 1
+    env = {**os.environ, **how.env, "CUDA_MPS_PIPE_DIRECTORY": how.pipe,
+           "CUDA_MPS_LOG_DIRECTORY": how.log, "CUDA_VISIBLE_DEVICES": args.uuid}
+    daemon = subprocess.Popen([*how.prefix, "-f"], env=env)
     stopping = False
 
     def stop(*_: object) -> None:
@@ -134,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             commands.append(f"set_default_device_pinned_mem_limit 0 {mib}M")
         try:
             if commands:
-                _control(root, env, commands)
+                _control(how, env, commands)
         except (DaemonError, OSError, subprocess.TimeoutExpired) as err:
             print(f"mps-control-daemon: {err}", file=sys.stderr)
             daemon.kill()
@@ -145,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         if stopping:
             paths.ready.unlink(missing_ok=True)
             try:
-                _control(root, env, ["quit"])
+                _control(how, env, ["quit"])
                 daemon.wait(timeout=20)
             except (DaemonError, OSError, subprocess.TimeoutExpired):
                 daemon.kill()

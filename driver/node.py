@@ -44,7 +44,7 @@ def open_node(config: Config, mock_root: Path | None = None,
     (default: `<state-dir>/mock`, so that CDI host paths stay valid while the driver runs).
     While another instance runs (an upgrade), its mock tree is shared, not rebuilt."""
     if config.mock is None:
-        return NodeRoots(config.sysfs_root, config.dev_root, config.proc_root, load_nvml(),
+        return NodeRoots(config.sysfs_root, config.dev_root, config.proc_root, load_nvml(config.nvidia_driver_root_mount),
                          driver_root_host=config.nvidia_driver_root,
                          driver_root_local=config.nvidia_driver_root_mount)
     root = mock_root or config.state_dir / "mock"

@@ -69,3 +69,79 @@ class DriverFiles:
         if version not in self._cache:
             self._cache = {version: find(self.local_root, self.host_root, version)}
         return self._cache[version]
+
+
+# -- finding one library inside a driver installation -----------------------------------
+# Where a root filesystem keeps its libraries, in the order the NVIDIA container toolkit
+# searches a driver root when its ld.so.cache names none; /etc/ld.so.conf's folders follow.
+SEARCH_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+               "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib", "lib")
+MAX_LINKS = 40  # what the kernel allows in one path walk
+
+
+def resolve_in_root(root: Path, path: str) -> Path | None:
+    """`path` as a process chrooted to `root` would reach it: symbolic links (absolute ones
+    too, such as a /lib64 -> /usr/lib64) are followed inside `root`, never into the
+    filesystem this process runs in. None when a component is missing or the links loop."""
+    pending = [p for p in path.split("/") if p]
+    done: list[str] = []
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = root.joinpath(*done, part)
+        if candidate.is_symlink():
+            links += 1
+            if links > MAX_LINKS:
+                return None
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                done = []
+            pending = [p for p in target.split("/") if p] + pending
+            continue
+        if not candidate.exists():
+            return None
+        done.append(part)
+    return root.joinpath(*done)
+
+
+def _configured_dirs(root: Path, conf: str = "etc/ld.so.conf", depth: int = 0) -> list[str]:
+    """Library folders named in the installation's ld.so.conf (with its `include` globs)."""
+    path = resolve_in_root(root, conf)
+    if path is None or depth > 4:
+        return []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("include "):
+            pattern = line.split(None, 1)[1].strip()
+            if not pattern.startswith("/"):
+                pattern = str(Path(conf).parent / pattern)
+            for included in sorted(root.glob(pattern.lstrip("/"))):
+                found += _configured_dirs(root, str(included.relative_to(root)), depth + 1)
+        elif line.startswith("/"):
+            found.append(line.lstrip("/"))
+    return found
+
+
+def locate(root: Path, soname: str) -> Path | None:
+    """Where `soname` (libnvidia-ml.so.1, libcuda.so.1) of the installation at `root` is,
+    as a path this process can open; None when the installation has none."""
+    seen: set[str] = set()
+    for directory in (*SEARCH_DIRS, *_configured_dirs(root)):
+        if directory in seen:
+            continue
+        seen.add(directory)
+        found = resolve_in_root(root, f"{directory}/{soname}")
+        if found is not None and found.is_file():
+            return found
+    return None

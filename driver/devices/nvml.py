@@ -16,8 +16,10 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+import structlog
+
 from driver import names
-from driver.devices import migdynamic, pci
+from driver.devices import migdynamic, nvlibs, pci
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
 from driver.devices.problems import DeviceError, Problems
 
@@ -37,12 +39,28 @@ _MIG_NAME = re.compile(r"\bMIG\s+(\S+)$")
 _CAP_MINOR = re.compile(r"DeviceFileMinor:\s*(\d+)")
 
 
-def load_nvml() -> Any | None:
-    """The real NVML binding, or None when the Python package itself is missing."""
+def load_nvml(driver_root: Path = Path("/")) -> Any | None:
+    """The real NVML binding, or None when the Python package itself is missing.
+
+    libnvidia-ml.so.1 is loaded by absolute path from the driver installation (`driver_root`,
+    as this process sees it) before nvmlInit, which then finds it loaded. The alternative,
+    the installation's library folders on LD_LIBRARY_PATH, breaks every process of the
+    container: those folders hold the host's glibc too, and the image's loader then loads
+    it and dies with "symbol lookup error ... GLIBC_PRIVATE" wherever the two differ.
+    Without the library under the root, nvidia-ml-py's own lookup (the loader's default
+    path) stays, so a host install with the driver in the usual place works as before."""
     try:
         import pynvml  # noqa: PLC0415 - optional at import time by design
     except ImportError:
         return None
+    library = nvlibs.locate(driver_root, "libnvidia-ml.so.1")
+    if library is not None and pynvml.nvmlLib is None:
+        try:
+            pynvml.nvmlLib = ctypes.CDLL(str(library))
+        except OSError as err:
+            # nvmlInit then fails with LIBRARY_NOT_FOUND, which discovery reports; this says why.
+            structlog.get_logger(component="nvml").warning(
+                "nvml_library_unloadable", library=str(library), error=str(err))
     return pynvml
 
 

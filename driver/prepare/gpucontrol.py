@@ -2,8 +2,9 @@
 
 The compute mode goes through NVML (nvmlDeviceSetComputeMode; needs root, as the driver
 pod has). The time slice has no NVML call in current drivers: `nvidia-smi compute-policy
--i <uuid> --set-timeslice <n>` is the interface, run from the node's driver installation
-with that installation's libnvidia-ml.so.1 preloaded (the driver image has none). Both
+-i <uuid> --set-timeslice <n>` is the interface, run from the node's driver installation:
+chrooted there when it is a full root filesystem, else with that installation's
+libnvidia-ml.so.1 preloaded by absolute path (the driver image has none). Both
 settings last until changed again or the GPU is reset; a reboot clears them.
 """
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.devices.nvlibs import LIBRARY_DIRS
+from driver.devices.nvlibs import locate
+from driver.mps_daemon import chrooted
 
 SMI_TIMEOUT = 30.0
 
@@ -61,19 +63,25 @@ class GpuControl:
             raise GpuControlError(f"GPU {uuid}: cannot set the time slice: {smi} not found "
                                   "(--nvidia-driver-root names the driver installation)")
         env = dict(os.environ)
-        library = next((self.driver_root / d / "libnvidia-ml.so.1" for d in LIBRARY_DIRS
-                        if (self.driver_root / d / "libnvidia-ml.so.1").exists()), None)
-        if library is not None:
-            env["LD_PRELOAD"] = ":".join(filter(None, (str(library), env.get("LD_PRELOAD"))))
-        command = [str(smi), "compute-policy", "-i", uuid, "--set-timeslice", str(timeslice)]
+        arguments = ["compute-policy", "-i", uuid, "--set-timeslice", str(timeslice)]
+        if chrooted(self.driver_root):
+            # A full root filesystem: nvidia-smi runs with the glibc it was built against.
+            command = ["chroot", str(self.driver_root), "/usr/bin/nvidia-smi", *arguments]
+        else:
+            # Only libnvidia-ml.so.1 itself, by absolute path: the installation's library
+            # folders also hold the host's glibc, which must not replace the image's.
+            library = locate(self.driver_root, "libnvidia-ml.so.1")
+            if library is not None:
+                env["LD_PRELOAD"] = ":".join(filter(None, (str(library), env.get("LD_PRELOAD"))))
+            command = [str(smi), *arguments]
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
                                   timeout=SMI_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as err:
-            raise GpuControlError(f"GPU {uuid}: {' '.join(command[1:])}: {err}") from err
+            raise GpuControlError(f"GPU {uuid}: nvidia-smi {' '.join(arguments)}: {err}") from err
         if done.returncode != 0:
             output = " ".join((done.stderr or done.stdout).split())
-            raise GpuControlError(f"GPU {uuid}: nvidia-smi {' '.join(command[1:])} failed "
+            raise GpuControlError(f"GPU {uuid}: nvidia-smi {' '.join(arguments)} failed "
                                   f"({done.returncode}): {output}")
 
 
