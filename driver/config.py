@@ -116,8 +116,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("mps_image", "--mps-image", "MPS_IMAGE", "",
            "container image of the MPS control daemon pods (the chart sets the driver's own "
            "image); empty: claims that need MPS fail with a message saying so"),
-    Option("mps_start_timeout", "--mps-start-timeout", "MPS_START_TIMEOUT", "60",
-           "seconds a prepare waits for a new MPS control daemon to answer"),
+    Option("mps_start_timeout", "--mps-start-timeout", "MPS_START_TIMEOUT", "30",
+           "seconds a prepare waits, holding no lock, for a new MPS control daemon to answer "
+           "(at most 35: the kubelet gives up on a prepare after 45 s); then the claim fails "
+           "with the daemon pod's state and the kubelet's retry finds the daemon"),
     Option("sharing_reconcile_interval", "--sharing-reconcile-interval",
            "SHARING_RECONCILE_INTERVAL", "30",
            "seconds between checks that shared GPUs are set up as their claims need (a dead "
@@ -173,7 +175,7 @@ class Config:
     mig_mode: str = "static"
     namespace: str = "default"
     mps_image: str = ""
-    mps_start_timeout: float = 60.0
+    mps_start_timeout: float = 30.0
     sharing_reconcile_interval: float = 30.0
     claim_status: bool = True
     claim_workers: int = 32
@@ -279,6 +281,12 @@ def _workers(value: str, source: str) -> int:
 
 def _seconds(value: str, source: str) -> float:
     return _bounded(value, source, float, 1, 86400, "seconds")
+
+
+def _mps_start_seconds(value: str, source: str) -> float:
+    # The kubelet cancels NodePrepareResources after 45 s; the GET, the record and the CDI
+    # spec need time too.
+    return _bounded(value, source, float, 1, 35, "seconds (the kubelet waits 45 s for a prepare)")
 
 
 def _seconds_or_off(value: str, source: str) -> float:
@@ -427,7 +435,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         mig_mode=mig_mode,
         namespace=namespace,
         mps_image=mps_image,
-        mps_start_timeout=get("mps_start_timeout", _seconds),
+        mps_start_timeout=get("mps_start_timeout", _mps_start_seconds),
         sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
         claim_status=get("claim_status", _bool),
         claim_workers=get("claim_workers", _workers),

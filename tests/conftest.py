@@ -14,6 +14,7 @@ import pytest
 from driver.devices import mock
 from driver.devices.discovery import DiscoveryResult, discover
 from driver.devices.net import NicFilter
+from driver.prepare import shm
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"  # optional extras (the upstream CDI schema); never required
@@ -61,6 +62,7 @@ def _remove_short_temp_folders():
     leftovers = _kill_processes_mentioning(SHORT_TMP_PREFIX)
     parent = Path(SHORT_TMP_PREFIX).parent
     for path in parent.glob(Path(SHORT_TMP_PREFIX).name + "*"):
+        shm.release_all_under(path)  # a killed driver's MPS tmpfs mounts
         shutil.rmtree(path, ignore_errors=True)
     if leftovers:
         warnings.warn(f"killed {len(leftovers)} process(es) the test left running: {leftovers}")

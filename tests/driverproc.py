@@ -45,6 +45,9 @@ class DriverDirs:
         return self.root / "state"
 
     def cleanup(self) -> None:
+        from driver.prepare import shm
+
+        shm.release_all_under(self.root)  # MPS tmpfs mounts a killed driver left
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -71,7 +71,7 @@ def test_default_render_is_valid():
     # Every env var the chart sets is an option the driver knows.
     from driver.config import OPTIONS
 
-    known = {o.env for o in OPTIONS} | {"LD_LIBRARY_PATH"}
+    known = {o.env for o in OPTIONS}
     assert set(env) <= known, set(env) - known
 
 
@@ -240,7 +240,7 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
     from driver.publisher import Publisher
     from tests.test_publisher import Holder, Running
 
-    from driver.prepare.mps import MpsDaemons
+    from driver.prepare.mps import MpsDaemons, MpsStarting
     from driver.prepare.setup import Setup
     from driver.sim.pods import PodRunner
 
@@ -285,7 +285,9 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
             daemons = MpsDaemons(kube, DRIVER, "node-a", "dra-system", "img", tmp_path / "state",
                                  node.driver_root, start_timeout=20)
             gpu = next(d for d in result.inventory.devices if d.kind is DeviceKind.GPU)
-            daemons.start(gpu.name, str(gpu.attributes["uuid"]), Setup("MPS"))
+            with pytest.raises(MpsStarting) as starting:  # the pod is made; no wait under locks
+                daemons.start(gpu.name, str(gpu.attributes["uuid"]), Setup("MPS"))
+            daemons.wait_ready(gpu.name, starting.value.pod)
             assert len(daemons.pods()) == 1
             daemons.stop(gpu.name)
         namespaced = set(api.state.access) - cluster_wide

@@ -422,3 +422,64 @@ def _assert_sharing_matches(node: Node, prepared: dict[str, Claim]) -> None:
     assert states == needed
     for device in (GPU, GPU2):
         assert node.gpu(device).compute_mode == (EXCLUSIVE_PROCESS if device in needed else DEFAULT)
+
+
+def _fstype(path: Path) -> str | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == str(path):
+            return fields[2]
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI is root)")
+def test_the_gpus_mps_shm_is_a_tmpfs_while_its_daemon_runs(node):
+    claim = new_claim(node.api, "shm", [share(GPU, "10Gi", "20")])
+    assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
+    shm = node.mps_dir(GPU) / "shm"
+    assert _fstype(shm) == "tmpfs", "MPS traffic must not go to the node's disk"
+    assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert _fstype(shm) is None and not shm.exists()
+
+
+def test_a_prepare_waits_for_a_new_daemon_without_holding_other_claims_up(node):
+    import threading
+
+    node.runner.start_delay = 3.0  # the daemon's image pull and container start
+    shared = new_claim(node.api, "slow-daemon", [share(GPU, "10Gi", "20")])
+    plain = new_claim(node.api, "plain", [{"request": "gpu", "driver": DRIVER, "pool": "node-a",
+                                           "device": GPU2}])
+    done: list[str] = []
+    replies = {}
+
+    def prepare(claim):
+        replies[claim.name] = node.kubelet.prepare([claim]).claims[claim.uid].error
+        done.append(claim.name)
+
+    first = threading.Thread(target=prepare, args=(shared,))
+    first.start()
+    node.wait(lambda: "mps_daemon_wait" in node.driver.log(), what="the wait for the daemon")
+    prepare(plain)  # needs the cross-process lock, which the waiting prepare let go of
+    assert done == ["plain"], "the exclusive claim was held up by another claim's daemon start"
+    first.join()
+    assert replies == {"plain": "", "slow-daemon": ""}
+
+
+def test_a_daemon_slower_than_the_wait_fails_the_claim_in_time_and_the_retry_finds_it(node):
+    node.kubelet.close()
+    node.driver.kill()
+    node.driver = DriverProcess(node.api, node.dirs, profile="h100x8",
+                                extra=[*MPS_ARGS, "--mps-start-timeout", "1"]).start()
+    node.kubelet = node.driver.kubelet()
+    node.runner.start_delay = 4.0
+    claim = new_claim(node.api, "late", [share(GPU, "10Gi", "20")])
+    error = node.kubelet.prepare([claim]).claims[claim.uid].error
+    pod = next(iter(node.pods()))
+    assert "default/late" in error and "did not answer within 1s" in error, error
+    assert pod in error and "ContainerCreating" in error and "retries" in error, error
+    # The reconcile passes (every second here) keep the setup for the kubelet's retry.
+    node.wait(lambda: (node.mps_dir(GPU) / "ready").exists(), what="the daemon to answer")
+    assert list(node.pods()) == [pod]
+    assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
+    assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert node.pods() == {}

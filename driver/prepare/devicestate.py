@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from driver.instance import Instance
 from driver.prepare.records import RecordStore
@@ -32,13 +33,29 @@ class DeviceState:
     boot_id: str  # changes to a GPU do not survive a reboot
     compute_mode_before: int | None = None  # None: compute mode not changed (MIG devices)
     daemon: str | None = None  # the MPS control daemon pod's name
+    # Wall-clock time (seconds since the epoch: both instances of an upgrade read it) until
+    # which the setup is kept although no prepared claim needs it yet: a prepare waits for
+    # its daemon outside the locks, or failed and the kubelet will retry. Without it, a
+    # reconcile pass in that gap would stop the daemon the prepare is waiting for.
+    reserved_until: float | None = None
+    reserved_by: str | None = None  # the instance token of the prepare that reserved it
+
+    def reserved(self, now: float, alive: Callable[[str], bool]) -> bool:
+        """Kept for a prepare in flight: by a live instance (a crashed one's prepare is
+        gone, and its half-made setup is undone at once) and not for longer than allowed."""
+        return (self.reserved_until is not None and now < self.reserved_until
+                and self.reserved_by is not None and alive(self.reserved_by))
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        data = {
             "version": FORMAT_VERSION, "device": self.device, "uuid": self.uuid,
             "setup": self.setup.to_dict(), "boot_id": self.boot_id,
             "compute_mode_before": self.compute_mode_before, "daemon": self.daemon,
-        }, sort_keys=True).encode()
+        }
+        if self.reserved_until is not None:  # optional: older versions read the record as before
+            data["reserved_until"] = self.reserved_until
+            data["reserved_by"] = self.reserved_by
+        return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, source: Path) -> "DeviceState":
@@ -49,7 +66,8 @@ class DeviceState:
             return cls(device=data["device"], uuid=data["uuid"],
                        setup=Setup.from_dict(data["setup"]), boot_id=data["boot_id"],
                        compute_mode_before=data.get("compute_mode_before"),
-                       daemon=data.get("daemon"))
+                       daemon=data.get("daemon"), reserved_until=data.get("reserved_until"),
+                       reserved_by=data.get("reserved_by"))
         except DeviceStateError:
             raise
         except (ValueError, KeyError, TypeError) as err:

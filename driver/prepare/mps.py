@@ -27,7 +27,8 @@ import structlog
 
 from driver import names
 from driver.kube import ApiError, Kube, NotFound
-from driver.mps_daemon import MpsPaths, control_answers
+from driver.mps_daemon import CHROOT_DIRECTORY, MpsPaths, control_answers
+from driver.prepare import shm
 from driver.prepare.setup import Setup
 
 COMPONENT = "mps-control-daemon"
@@ -38,6 +39,24 @@ POLL_SECONDS = 0.1
 
 class MpsError(Exception):
     """The daemon could not be started or stopped; the message names the device and pod."""
+
+
+class MpsStarting(Exception):
+    """The device's daemon pod exists but does not answer yet. Raised instead of waiting,
+    so that the caller can let go of the prepare locks and wait outside them
+    (MpsDaemons.wait_ready): a new daemon pod may need an image pull and a container start,
+    longer than anything else may be held up for."""
+
+    def __init__(self, device: str, pod: str) -> None:
+        super().__init__(f"the MPS control daemon of {device} (pod {pod}) is starting")
+        self.device = device
+        self.pod = pod
+
+
+# The kubelet cancels a NodePrepareResources call after 45 s and then shows only
+# DeadlineExceeded; a prepare that waits for a new daemon must answer well before that.
+KUBELET_PREPARE_SECONDS = 45.0
+MAX_START_WAIT = 30.0
 
 
 def _label_value(value: str) -> str:
@@ -55,7 +74,7 @@ class MpsDaemons:
     image: str
     state_dir: Path  # host path (the chart mounts it at the same path)
     driver_root_host: Path  # the NVIDIA installation on the host, mounted into the pod
-    start_timeout: float = 60.0
+    start_timeout: float = MAX_START_WAIT  # how long one prepare waits for a new daemon
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="mps")
@@ -89,7 +108,8 @@ class MpsDaemons:
         return paths.ready.exists() and control_answers(paths.pipe)
 
     def start(self, device: str, uuid: str, setup: Setup) -> str:
-        """Create (or adopt) the device's daemon pod and wait until the daemon answers."""
+        """Create (or adopt) the device's daemon pod. Returns its name once the daemon
+        answers; raises MpsStarting while it does not yet (the caller waits, unlocked)."""
         if not self.image:
             raise MpsError(f"MPS on {device} needs the control daemon image: set --mps-image "
                            "($MPS_IMAGE; the Helm chart sets it to the driver's image)")
@@ -99,7 +119,7 @@ class MpsDaemons:
             return name
         for directory in (paths.pipe, paths.log, paths.shm):
             directory.mkdir(parents=True, exist_ok=True)
-        paths.shm.chmod(0o1777)  # /dev/shm of every client: any UID creates its segments
+        shm.ensure_tmpfs(paths.shm, device, self.log)
         pod = self._existing(name)
         if pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"):
             self._wait_gone(name, device)  # a stop in progress: let it finish, then start anew
@@ -112,14 +132,22 @@ class MpsDaemons:
                     raise MpsError(f"MPS on {device}: cannot create pod {self.namespace}/{name}: "
                                    f"{err}") from err
             self.log.info("mps_daemon_created", device=device, pod=name, setup=setup.describe())
-        deadline = time.monotonic() + self.start_timeout
+        if not self.alive(device):
+            raise MpsStarting(device, name)
+        return name
+
+    def wait_ready(self, device: str, pod: str, seconds: float | None = None) -> None:
+        """Wait (no lock held) until the device's daemon answers; an MpsError naming the
+        pod's state after `seconds` (default: start_timeout)."""
+        wait = self.start_timeout if seconds is None else seconds
+        deadline = time.monotonic() + wait
         while not self.alive(device):
             if time.monotonic() > deadline:
                 raise MpsError(f"MPS on {device}: the control daemon of pod {self.namespace}/"
-                               f"{name} did not answer within {self.start_timeout:g}s"
-                               f"{self._pod_problem(name)}")
+                               f"{pod} did not answer within {wait:g}s"
+                               f"{self._pod_problem(pod)}; the kubelet retries the prepare, "
+                               "which finds the daemon once it answers")
             time.sleep(POLL_SECONDS)
-        return name
 
     def stop(self, device: str, name: str | None = None) -> None:
         """Delete the daemon pod, wait until the daemon is gone, remove its directories."""
@@ -138,6 +166,7 @@ class MpsDaemons:
                 raise MpsError(f"MPS on {device}: pod {self.namespace}/{name} is gone but its "
                                "control daemon still answers")
             time.sleep(POLL_SECONDS)
+        shm.release(self.paths(device).shm, device, self.log)
         shutil.rmtree(self.paths(device).root, ignore_errors=True)
 
     def pods(self) -> list[dict]:
@@ -178,6 +207,7 @@ class MpsDaemons:
     # -- the pod ---------------------------------------------------------------------------
     def manifest(self, device: str, uuid: str, setup: Setup) -> dict:
         paths = self.paths(device)
+        chroot_dir = f"{DAEMON_DRIVER_ROOT}{CHROOT_DIRECTORY}"
         command = ["dra-driver", "mps-control-daemon", "--uuid", uuid,
                    "--directory", str(paths.root), "--nvidia-driver-root", DAEMON_DRIVER_ROOT]
         if setup.active_threads is not None:
@@ -202,11 +232,18 @@ class MpsDaemons:
                     "name": COMPONENT,
                     "image": self.image,
                     "command": command,
-                    "securityContext": {"privileged": True},  # the GPU device nodes
+                    # Root, as NVIDIA runs the control daemon: the image's own user (65532)
+                    # can create no socket in the root-owned folders the driver made, and
+                    # every MPS prepare would time out. Privileged: the GPU device nodes.
+                    "securityContext": {"privileged": True, "runAsUser": 0, "runAsGroup": 0},
                     "volumeMounts": [
                         {"name": "mps", "mountPath": str(paths.root)},
                         {"name": "shm", "mountPath": "/dev/shm"},
                         {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True},
+                        # Where the daemon, chrooted to the driver root, finds its pipe and
+                        # log folders and the clients' shm (driver/mps_daemon.py).
+                        {"name": "mps", "mountPath": chroot_dir},
+                        {"name": "shm", "mountPath": f"{DAEMON_DRIVER_ROOT}/dev/shm"},
                     ],
                 }],
                 "volumes": [

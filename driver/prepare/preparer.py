@@ -47,6 +47,7 @@ from driver.prepare import status as claim_status
 from driver.prepare.committer import GroupCommitter
 from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name
 from driver.prepare.mig import MigError, MigPartitions, is_partition
+from driver.prepare.mps import MpsError, MpsStarting
 from driver.prepare.sharing import DeviceSharing, Use, use_of
 
 
@@ -174,8 +175,8 @@ class Preparer:
             prepared = self._resolve(ref, allocation)
             uses = self._uses(ref, prepared)
             shared = self._shared(uses)
-            outcome = await self._local(ref, self._prepare_locally, prepared, uses, shared, log,
-                                        ClaimUsers.of(claim), grouped=not shared)
+            outcome = await self._prepare_waiting(ref, prepared, uses, shared, log,
+                                                  ClaimUsers.of(claim))
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             if self.status is not None:  # the claim shows why, not only the kubelet's event
                 self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
@@ -183,6 +184,30 @@ class Preparer:
         if self.status is not None:
             self.status.publish(ref, list(outcome.status))
         return outcome
+
+    async def _prepare_waiting(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
+                               uses: list[Use], shared: bool, log, users: "ClaimUsers") -> PrepareOutcome:
+        """The local prepare; when it meets an MPS daemon that is still starting, wait for
+        it with no lock held (other claims, and the other instance of an upgrade, go on),
+        then prepare again: everything before the daemon is recorded, so the second pass
+        only finds it answering. The wait is bounded well inside the kubelet's 45 s; past
+        it the claim fails with the pod's state, and the kubelet's retry finds the daemon."""
+        waited = False
+        while True:
+            try:
+                return await self._local(ref, self._prepare_locally, prepared, uses, shared, log,
+                                         users, grouped=not shared)
+            except MpsStarting as starting:
+                if waited or self.sharing is None or self.sharing.mps is None:
+                    raise ClaimError(f"claim {ref}: {starting}; it did not answer in time, "
+                                     "the kubelet retries the prepare") from starting
+                log.info("mps_daemon_wait", device=starting.device, pod=starting.pod)
+                try:
+                    await asyncio.to_thread(self.sharing.mps.wait_ready, starting.device,
+                                            starting.pod)
+                except MpsError as err:
+                    raise ClaimError(f"claim {ref}: {err}") from err
+                waited = True
 
     def _prepare_locally(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
                          uses: list[Use], shared: bool, log, users: "ClaimUsers") -> PrepareOutcome:
@@ -207,6 +232,8 @@ class Preparer:
                     self._set_up(ref, uses)
                 uses = self._partitions(ref, uses)
                 self._write(ref, prepared, uses, log, "restored", users)
+                if shared and self.sharing is not None:
+                    self.sharing.settle(u.device.name for u in uses if u.setup is not None)
                 return PrepareOutcome(prepared, status=self._status(prepared, uses))
             log.info("claim_reallocated", was=[d.device for d in record.devices],
                      now=[d.device for d in prepared])
@@ -216,6 +243,8 @@ class Preparer:
             self._set_up(ref, uses)
         uses = self._partitions(ref, uses)
         self._write(ref, prepared, uses, log, reason, users)
+        if shared and self.sharing is not None:
+            self.sharing.settle(u.device.name for u in uses if u.setup is not None)
         return PrepareOutcome(prepared, status=self._status(prepared, uses))
 
     def _status(self, prepared: tuple[PreparedDevice, ...], uses: list[Use]) -> tuple[DeviceStatus, ...]:

@@ -11,6 +11,8 @@ All of it runs under the cross-process prepare lock.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -25,11 +27,15 @@ from driver.prepare import setup as setups
 from driver.prepare import shares
 from driver.prepare.devicestate import DeviceState, DeviceStateError, DeviceStates
 from driver.prepare.gpucontrol import GpuControl, GpuControlError
-from driver.prepare.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsError
+from driver.prepare.mps import (CONTAINER_PIPE_DIR, KUBELET_PREPARE_SECONDS, MpsDaemons, MpsError,
+                                MpsStarting)
 from driver.prepare.setup import Setup
 from driver.prepare.shares import ShareLimits
 
 SHARE_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+# How long a new setup is kept for the prepare that made it before any claim record needs
+# it: the prepare's wait for its daemon and the kubelet's retry after a failed wait.
+RESERVE_SECONDS = 2 * KUBELET_PREPARE_SECONDS
 
 
 class SetupError(ClaimError):
@@ -68,6 +74,7 @@ class DeviceSharing:
         self.boot_id = boot_id
         self.inventory = inventory
         self.log = structlog.get_logger(component="sharing")
+        self._restoring: set[str] = set()  # daemons re-created by reconcile, not answering yet
 
     # -- who needs what ------------------------------------------------------------------
     def uses(self, records: Iterable[ClaimRecord], skip_uid: str | None = None,
@@ -144,6 +151,9 @@ class DeviceSharing:
             state = self.states.get(name)
             if state is None:
                 continue
+            if state.reserved(time.time(), self.states.instance.alive):
+                raise SetupError(f"claim {claim}: device {name} is being set up for "
+                                 f"{state.setup.describe()} by another claim's prepare")
             try:
                 self.undo(state)
             except (GpuControlError, MpsError) as err:
@@ -163,6 +173,14 @@ class DeviceSharing:
                 raise SetupError(f"claim {claim}: cannot set up {name} for "
                                  f"{setup.describe()}: {err}") from err
 
+    def settle(self, devices: Iterable[str]) -> None:
+        """A claim record now needs these devices' setups: their reservations end, so
+        that the last claim to leave undoes them at once."""
+        for name in devices:
+            state = self.states.get(name)
+            if state is not None and state.reserved_until is not None:
+                self.states.put(dataclasses.replace(state, reserved_until=None, reserved_by=None))
+
     def ensure(self, device: Device, setup: Setup) -> DeviceState:
         """Make `device` run `setup`, recording first what is about to change."""
         uuid = str(device.attributes.get("uuid", ""))
@@ -177,7 +195,9 @@ class DeviceSharing:
             if device.kind is DeviceKind.GPU:
                 before = self.control.compute_mode(uuid)
             state = DeviceState(device.name, uuid, setup, self.boot_id, before,
-                                self.mps.pod_name(device.name) if setup.mps and self.mps else None)
+                                self.mps.pod_name(device.name) if setup.mps and self.mps else None,
+                                reserved_until=time.time() + RESERVE_SECONDS,
+                                reserved_by=self.states.instance.token)
             self.states.put(state)  # durable before the first change
             self.log.info("device_setup_recorded", device=device.name, setup=setup.describe(),
                           compute_mode_before=before)
@@ -222,11 +242,14 @@ class DeviceSharing:
             return []
         needed = self.needed(records, only=recorded)
         errors = []
+        now = time.time()
         for state in self.states.all():
             if isinstance(state, DeviceStateError):
                 continue
             if needed.get(state.device) == state.setup:
                 continue
+            if state.reserved(now, self.states.instance.alive) and state.device not in needed:
+                continue  # a prepare is waiting for it (or its retry will come)
             try:
                 self.undo(state)
             except (GpuControlError, MpsError) as err:
@@ -249,11 +272,18 @@ class DeviceSharing:
             healthy = (state is not None and state.boot_id == self.boot_id
                        and (not setup.mps or self.mps is None or self.mps.alive(name)))
             if healthy:
+                if name in self._restoring:
+                    self._restoring.discard(name)
+                    self.log.info("device_setup_restored", device=name, setup=setup.describe())
                 continue
             device = inventory.get(name)
             try:
                 self.ensure(device, setup)
+                self._restoring.discard(name)
                 self.log.info("device_setup_restored", device=name, setup=setup.describe())
+            except MpsStarting as starting:  # its pod is (re)starting: looked at next pass
+                self._restoring.add(name)
+                self.log.info("device_setup_restoring", device=name, pod=starting.pod)
             except (GpuControlError, MpsError, DeviceStateError) as err:
                 problems.append(f"device {name}: {err}")
         if self.mps is not None:

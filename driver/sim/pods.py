@@ -7,6 +7,12 @@ hostPath volumes (`type: Directory` must exist), restarts containers that exit w
 `restartPolicy: Always`, reports status, and on delete sends SIGTERM, waits for the grace
 period, then SIGKILL, and only then removes the pod.
 
+Like the kubelet it runs the container as the pod's user: `runAsUser` of the container or
+the pod, else the image's own user (IMAGE_USER, our Dockerfile's `USER`). Where the
+emulator itself runs as root, a non-root user is really switched to, so a pod that needs
+root and forgets to ask for it fails here as on a node. `start_delay` stands for the image
+pull and container start of a real node (the container waits as `ContainerCreating`).
+
 What it cannot do is give the process a mount namespace. Instead every command argument
 and environment value that starts with a volume's mountPath is rewritten to the volume's
 host path, which is what the process would reach through the mount; a pod whose
@@ -28,6 +34,7 @@ from driver.sim.apiserver import ApiServer
 
 TICK = 0.05
 MAX_GRACE = 10.0
+IMAGE_USER = 65532  # the driver image's USER (Dockerfile); tests/test_dockerfile.py checks it
 
 
 @dataclass
@@ -44,6 +51,7 @@ class PodRunner:
     api: ApiServer
     node: str
     log_dir: Path
+    start_delay: float = 0.0  # seconds from a pod's first sight to its container's start
     _running: dict[tuple[str, str], _Running] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -84,8 +92,12 @@ class PodRunner:
             self._stop.wait(TICK)
 
     def _sync(self, key: tuple[str, str], pod: dict) -> None:
-        running = self._running.setdefault(key, _Running(None))
         now = time.monotonic()
+        if key not in self._running:
+            self._running[key] = _Running(None, next_start=now + self.start_delay)
+            if self.start_delay > 0:
+                self._status(key, "Pending", self._running[key], waiting="ContainerCreating")
+        running = self._running[key]
         if pod["metadata"].get("deletionTimestamp"):
             grace = min(MAX_GRACE, float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
             if running.process is not None and running.process.poll() is None:
@@ -155,19 +167,27 @@ class PodRunner:
         # The image's PATH: where this Python's scripts are (dra-driver in a virtualenv).
         env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env.get("PATH", "")))
         env.update({e["name"]: translate(str(e.get("value", ""))) for e in container.get("env") or []})
+        context = {**((spec.get("securityContext") or {})),
+                   **{k: v for k, v in (container.get("securityContext") or {}).items()
+                      if k in ("runAsUser", "runAsGroup")}}
+        user = int(context.get("runAsUser", IMAGE_USER))
+        group = int(context.get("runAsGroup", user if "runAsUser" in context else IMAGE_USER))
+        switch = {"user": user, "group": group, "extra_groups": []} \
+            if os.geteuid() == 0 and user != 0 else {}
         log = open(self.log_dir / f"{key[0]}_{key[1]}.log", "ab")
         try:
             return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, **switch)
         except OSError as err:
             raise _ContainerError(f"cannot start {command[0]}: {err}") from err
         finally:
             log.close()
 
-    def _status(self, key: tuple[str, str], phase: str, running: _Running) -> None:
+    def _status(self, key: tuple[str, str], phase: str, running: _Running,
+                waiting: str = "") -> None:
         state = {"running": {}} if phase == "Running" else \
             {"waiting": {"reason": "CreateContainerConfigError", "message": running.error}} \
-            if running.error else {"terminated": {}}
+            if running.error else {"waiting": {"reason": waiting}} if waiting else {"terminated": {}}
         with self.api.state.lock:
             pod = self.api.state.pods.get(key)
             if pod is None:
