@@ -68,3 +68,12 @@ def test_the_image_has_the_pci_id_database():
 
     assert re.search(r"apt-get install [^\n]*\bpci\.ids\b", DOCKERFILE)
     assert any(str(p) == "/usr/share/misc/pci.ids" for p in SYSTEM_PATHS), "where Debian's package puts it"
+
+
+def test_the_pod_emulator_runs_containers_as_the_images_user():
+    """driver/sim/pods.py runs a pod that does not ask for a user as the image's USER, so
+    a pod of ours that needs root and forgets runAsUser fails in the fast tests too."""
+    from driver.sim.pods import IMAGE_USER
+
+    (user,) = instructions("USER")
+    assert user.split(":")[0] == str(IMAGE_USER)
