@@ -117,16 +117,20 @@ def policy() -> dict:
     return found
 
 
-def admitted(policy: dict, obj: dict) -> tuple[bool, str]:
-    """The policy's verdict on one object, as the API server evaluates it: the variables
-    in order, then every validation; a false one or a runtime error (failurePolicy Fail)
-    denies. The server's own validation of parameters (≤ 10 KiB) comes first."""
+def admitted(policy: dict, obj: dict, old: dict | None = None) -> tuple[bool, str]:
+    """The policy's verdict on one object (an UPDATE from `old` when given), as the API
+    server evaluates it: the match conditions (all true, or the policy does not apply),
+    the variables in order, then every validation; a false one or a runtime error
+    (failurePolicy Fail) denies. The server's own validation of parameters (≤ 10 KiB)
+    comes first."""
     for config in _configs(obj):
         if len(json.dumps(config.get("opaque", {}).get("parameters"), separators=(",", ":"))) > 10 * 1024:
             return False, "parameters over 10 KiB (API server validation)"
     env = celpy.Environment()
     variables: dict = {}
-    activation = {"object": celpy.json_to_cel(obj)}
+    activation = {"object": celpy.json_to_cel(obj),
+                  "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel({"operation": "UPDATE" if old else "CREATE"})}
 
     def run(expression: str):
         program = env.program(env.compile(expression), functions=k8s_cel.FUNCTIONS)
@@ -137,6 +141,12 @@ def admitted(policy: dict, obj: dict) -> tuple[bool, str]:
 
     spec = policy["spec"]
     try:
+        for condition in spec.get("matchConditions") or []:
+            result = run(condition["expression"])
+            if not isinstance(result, celpy.celtypes.BoolType):
+                return False, f"match condition {condition['name']}: not a bool"
+            if not bool(result):
+                return True, "not matched"
         for variable in spec["variables"]:
             variables[celpy.celtypes.StringType(variable["name"])] = run(variable["expression"])
         for validation in spec["validations"]:
@@ -218,3 +228,24 @@ def test_the_policy_renders_and_validates_strictly(policy):
     names = [p["metadata"]["name"] for p in
              by_kind(render({"configPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy")]
     assert names and not any(n.endswith("-opaque-config") for n in names)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_update_that_leaves_the_configs_alone_is_admitted(policy, kind):
+    """A claim with a config the policy would refuse today (made before the policy, or
+    before a tighter version of it) must still take the finalizer and status updates of
+    the scheduler and the garbage collector, or it can never be deleted."""
+    old = wrap(kind, BAD["unknown field"])
+    new = json.loads(json.dumps(old))
+    new["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    if kind == "ResourceClaim":
+        new["status"] = {"allocation": {"devices": {"results": []}}}
+    assert admitted(policy, new, old) == (True, "not matched")
+    assert admitted(policy, new)[0] is False, "the same object is still refused at CREATE"
+
+
+def test_an_update_that_changes_a_device_class_config_is_judged(policy):
+    old = wrap("DeviceClass", GOOD["gpu mps"])
+    verdict, why = admitted(policy, wrap("DeviceClass", BAD["percentage 101"]), old)
+    assert verdict is False and why.startswith("opaque config for accel.dra.io"), why
+    assert admitted(policy, wrap("DeviceClass", GOOD["gpu env"]), old) == (True, "")
