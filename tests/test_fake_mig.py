@@ -139,3 +139,58 @@ def test_static_instances_are_occupied_and_created_ones_outlive_a_restart(tmp_pa
     # ...a reboot does not.
     (node.root / "proc" / "sys" / "kernel" / "random" / "boot_id").write_text("next-boot\n")
     assert len(Gpu(mock.build(profile, node.root)).migs()) == 1
+
+
+# NVIDIA's MIG User Guide, "Supported MIG Profiles": per profile the memory (eighths), the
+# compute slices (sevenths), the number of instances, NVDEC / JPEG / OFA and copy engines.
+# A100 1g.10gb: the guide's table says 1/8 of the memory, its `-lgipp` example places the
+# profile (id 15) at {0,2,4,6}:2, i.e. two eighths, as on every other model.
+_HOPPER = ((1, 1, 7, (1, 1, 0), 1), (1, 1, 1, (1, 1, 1), 1), (2, 1, 4, (1, 1, 0), 1),
+           (2, 2, 3, (2, 2, 0), 2), (4, 3, 2, (3, 3, 0), 3), (4, 4, 1, (4, 4, 0), 4),
+           (8, 7, 1, (7, 7, 1), 8))
+_AMPERE = ((1, 1, 7, (0, 0, 0), 1), (1, 1, 1, (1, 1, 1), 1), (2, 1, 4, (1, 0, 0), 1),
+           (2, 2, 3, (1, 0, 0), 2), (4, 3, 2, (2, 0, 0), 3), (4, 4, 1, (2, 0, 0), 4),
+           (8, 7, 1, (5, 1, 1), 7))
+GUIDE = {
+    "a100-sxm4-40gb": (("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"), _AMPERE),
+    "a100-sxm4-80gb": (("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), _AMPERE),
+    "h100-sxm5-80gb": (("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), _HOPPER),
+    "h200": (("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"), _HOPPER),
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_profiles_are_the_mig_user_guides_table(model, tmp_path):
+    node, _ = node_of(model, tmp_path / "m")
+    gpu = Gpu(node)
+    nv = gpu.nv
+    names, rows = GUIDE[model]
+    seen = {}
+    for profile in catalog.GPUS[model].gi_profiles:
+        info = nv.nvmlDeviceGetGpuInstanceProfileInfoV(gpu.handle, profile.index)
+        name = str(info.name).split()[-1]
+        sizes = {p.size for p in gpu.placements(info.id)}
+        seen[name] = (sizes.pop() if len(sizes) == 1 else sizes, info.sliceCount, info.instanceCount,
+                      (info.decoderCount, info.jpegCount, info.ofaCount), info.copyEngineCount)
+    assert seen == dict(zip(names, rows))
+    if model == "h100-sxm5-80gb":  # nvidia-smi mig -lgip on an H100 80GB: 1g.20gb has 26 SMs
+        sms = {p.name: p.multiprocessors for p in catalog.GPUS[model].gi_profiles}
+        assert (sms["1g.10gb"], sms["1g.10gb+me"], sms["1g.20gb"], sms["2g.20gb"]) == (16, 16, 26, 32)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_one_media_extension_instance_at_a_time(model, tmp_path):
+    node, _ = node_of(model, tmp_path / "m")
+    node.library.state.update(node.library.gpus[0].uuid, mig_mode=1)
+    gpu = Gpu(node)
+    nv = gpu.nv
+    (me,) = [p for p in catalog.GPUS[model].gi_profiles if p.name.endswith("+me")]
+    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(gpu.handle, me.index)
+    first, second = gpu.placements(info.id)[:2]
+    gpu.create(me, first)
+    with pytest.raises(nv.NVMLError_InsufficientResources):  # free memory slice, no engines
+        nv.nvmlDeviceCreateGpuInstanceWithPlacement(gpu.handle, info.id, ctypes.byref(second))
+    plain = next(p for p in catalog.GPUS[model].gi_profiles if p.index == 0)
+    gpu.create(plain, gpu.placements(
+        nv.nvmlDeviceGetGpuInstanceProfileInfo(gpu.handle, plain.index).id)[1])
+    assert len(gpu.migs()) == 2

@@ -26,7 +26,9 @@ class GiProfile:
     """A GPU instance profile as NVML reports it (nvmlDeviceGetGpuInstanceProfileInfoV and
     ...PossiblePlacements_v2): `index` is the NVML_GPU_INSTANCE_PROFILE_* value a caller
     passes, `id` what the info struct returns; a placement is (start, memory_slices) in
-    the GPU's eight memory slices."""
+    the GPU's eight memory slices. `instances`: how many can exist at once where that is
+    fewer than the placements (a `+me` profile: seven placements, one instance, since the
+    GPU has one set of the media engines it takes); 0: one per placement."""
 
     name: str
     index: int
@@ -41,49 +43,81 @@ class GiProfile:
     jpegs: int
     ofas: int
     starts: tuple[int, ...]
+    instances: int = 0
+
+    @property
+    def max_instances(self) -> int:
+        return self.instances or len(self.starts)
 
 
 def _gi_table(rows: list[tuple]) -> tuple[GiProfile, ...]:
     return tuple(GiProfile(*row) for row in rows)
 
 
-# NVML_GPU_INSTANCE_PROFILE_ indices: 1_SLICE 0, 2_SLICE 1, 3_SLICE 2, 4_SLICE 3, 7_SLICE 4,
-# 1_SLICE_REV2 9 (one compute slice, two memory slices). Placements and engine counts as
-# `nvidia-smi mig -lgip` / `-lgipp` list them; the +me and -me media variants are left out.
+# Where each column comes from. NVIDIA's MIG User Guide ("Supported MIG Profiles", R580)
+# gives, per model, the profile names, the fraction of memory (here memory slices of 8),
+# the fraction of SMs (compute slices of 7), the NVDEC / JPEG / OFA counts, the copy
+# engines and the number of instances, `+me` profiles included; its "Getting Started"
+# gives the A100's profile ids and placements (`nvidia-smi mig -lgipp`: ids 19, 20, 15, 14,
+# 9, 5, 0; the +me profile id 20 placed at {0..6}:1, one instance). The NVML_GPU_INSTANCE_
+# PROFILE_* indices are nvml.h's: 1_SLICE 0, 2_SLICE 1, 3_SLICE 2, 4_SLICE 3, 7_SLICE 4,
+# 1_SLICE_REV1 7 (the 1g +me variant), 1_SLICE_REV2 9 (one compute slice, two memory
+# slices). The guide gives no SM counts and no absolute memory sizes:
+#   SM    A100 14 per compute slice, as published `nvidia-smi mig -lgip` outputs of
+#         A100s show. H100 16 / 16 / 26 / 32 / 60 / 64 / 132,
+#         as `nvidia-smi mig -lgip` on H100 80GB prints them (Google Cloud's A3 MIG page
+#         shows 16, 16, 26, 32 and 60; 4g and 7g from operators' published outputs): note
+#         the 1g.20gb's 26, more than 1g.10gb's 16. H200: assumed the H100's (the same
+#         GH100 die and slice layout); no H200 output was found.
+#   MiB   no primary source gives memorySizeMB for any profile below; every MiB figure
+#         says so or where it was read. A100 and H100 figures are multiples of 128 MiB
+#         near the GiB that published `nvidia-smi mig -lgip` outputs show (those differ by
+#         driver: H100 1g.10gb 9.62 or 9.75 GiB; NVIDIA's go-nvml mock has yet others, such
+#         as 9856 for the A100-40GB 2g.10gb); the H100 3g.40gb's 40192 MiB is the MIG
+#         device total that Google Cloud's A3 page shows (R525). H200 figures are derived:
+#         the profile's memory fraction of the H200's 143771 MiB times the share of the same
+#         fraction the H100 figures keep (0.9668 for 1/8, 0.9856 for 2/8 and 4/8, 0.9919
+#         for the whole GPU), rounded down to 128 MiB.
 _A100_40GB_GI = _gi_table([
-    # name        idx id cs ms  MiB    SM CE dec enc jpg ofa starts
-    ("1g.5gb",    0, 19, 1, 1,  4864,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.10gb",   9, 15, 1, 2,  9856,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),
-    ("2g.10gb",   1, 14, 2, 2,  9984,  28, 2, 1, 0, 0, 0, (0, 2, 4)),
-    ("3g.20gb",   2,  9, 3, 4, 19968,  42, 3, 2, 0, 0, 0, (0, 4)),
-    ("4g.20gb",   3,  5, 4, 4, 19968,  56, 4, 2, 0, 0, 0, (0,)),
-    ("7g.40gb",   4,  0, 7, 8, 40192,  98, 7, 5, 0, 1, 1, (0,)),
+    # name         idx id cs ms  MiB    SM CE dec enc jpg ofa starts                 instances
+    ("1g.5gb",     0, 19, 1, 1,  4864,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),     # MiB: no primary source
+    ("1g.5gb+me",  7, 20, 1, 1,  4864,  14, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # MiB: no primary source
+    ("1g.10gb",    9, 15, 1, 2,  9856,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),              # MiB: no primary source
+    ("2g.10gb",    1, 14, 2, 2,  9984,  28, 2, 1, 0, 0, 0, (0, 2, 4)),                 # MiB: no primary source
+    ("3g.20gb",    2,  9, 3, 4, 19968,  42, 3, 2, 0, 0, 0, (0, 4)),                    # MiB: no primary source
+    ("4g.20gb",    3,  5, 4, 4, 19968,  56, 4, 2, 0, 0, 0, (0,)),                      # MiB: no primary source
+    ("7g.40gb",    4,  0, 7, 8, 40192,  98, 7, 5, 0, 1, 1, (0,)),                      # MiB: no primary source
 ])
+# A100-SXM4-80GB: the 40GB's table with the names the guide gives for the larger memory.
 _A100_80GB_GI = _gi_table([
-    ("1g.10gb",   0, 19, 1, 1,  9728,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.20gb",   9, 15, 1, 2, 19968,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),
-    ("2g.20gb",   1, 14, 2, 2, 19968,  28, 2, 1, 0, 0, 0, (0, 2, 4)),
-    ("3g.40gb",   2,  9, 3, 4, 40192,  42, 3, 2, 0, 0, 0, (0, 4)),
-    ("4g.40gb",   3,  5, 4, 4, 40192,  56, 4, 2, 0, 0, 0, (0,)),
-    ("7g.80gb",   4,  0, 7, 8, 80896,  98, 7, 5, 0, 1, 1, (0,)),
+    ("1g.10gb",    0, 19, 1, 1,  9728,  14, 1, 0, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),     # MiB: no primary source
+    ("1g.10gb+me", 7, 20, 1, 1,  9728,  14, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # MiB: no primary source
+    ("1g.20gb",    9, 15, 1, 2, 19968,  14, 1, 1, 0, 0, 0, (0, 2, 4, 6)),              # MiB: no primary source
+    ("2g.20gb",    1, 14, 2, 2, 19968,  28, 2, 1, 0, 0, 0, (0, 2, 4)),                 # MiB: no primary source
+    ("3g.40gb",    2,  9, 3, 4, 40192,  42, 3, 2, 0, 0, 0, (0, 4)),                    # MiB: no primary source
+    ("4g.40gb",    3,  5, 4, 4, 40192,  56, 4, 2, 0, 0, 0, (0,)),                      # MiB: no primary source
+    ("7g.80gb",    4,  0, 7, 8, 80896,  98, 7, 5, 0, 1, 1, (0,)),                      # MiB: no primary source
 ])
 _H100_80GB_GI = _gi_table([
-    ("1g.10gb",   0, 19, 1, 1,  9856,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.20gb",   9, 15, 1, 2, 20096,  16, 1, 1, 0, 1, 0, (0, 2, 4, 6)),
-    ("2g.20gb",   1, 14, 2, 2, 20096,  32, 2, 2, 0, 2, 0, (0, 2, 4)),
-    ("3g.40gb",   2,  9, 3, 4, 40192,  60, 3, 3, 0, 3, 0, (0, 4)),
-    ("4g.40gb",   3,  5, 4, 4, 40192,  64, 4, 4, 0, 4, 0, (0,)),
-    ("7g.80gb",   4,  0, 7, 8, 80896, 132, 8, 7, 0, 7, 1, (0,)),
+    ("1g.10gb",    0, 19, 1, 1,  9856,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),     # MiB: no primary source
+    ("1g.10gb+me", 7, 20, 1, 1,  9856,  16, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # MiB: no primary source
+    ("1g.20gb",    9, 15, 1, 2, 20096,  26, 1, 1, 0, 1, 0, (0, 2, 4, 6)),              # MiB: no primary source
+    ("2g.20gb",    1, 14, 2, 2, 20096,  32, 2, 2, 0, 2, 0, (0, 2, 4)),                 # MiB: no primary source
+    ("3g.40gb",    2,  9, 3, 4, 40192,  60, 3, 3, 0, 3, 0, (0, 4)),                    # MiB: Google Cloud A3 page
+    ("4g.40gb",    3,  5, 4, 4, 40192,  64, 4, 4, 0, 4, 0, (0,)),                      # MiB: no primary source
+    ("7g.80gb",    4,  0, 7, 8, 80896, 132, 8, 7, 0, 7, 1, (0,)),                      # MiB: no primary source
 ])
-# H200 141GB: the H100 layout with the larger memory slices (17.6 GiB each); memory sizes
-# derived from the published profile names, not read from a card (none was available).
+# H200 141GB: the guide's table (1g.18gb x7, 1g.18gb+me x1, 1g.35gb x4, 2g.35gb x3,
+# 3g.71gb x2, 4g.71gb x1, 7g.141gb x1; memory 1/8, 1/8, 1/4, 2/8, 4/8, 4/8, full) on the
+# H100's slice layout and engines.
 _H200_GI = _gi_table([
-    ("1g.18gb",   0, 19, 1, 1, 16640,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.35gb",   9, 15, 1, 2, 33536,  16, 1, 1, 0, 1, 0, (0, 2, 4, 6)),
-    ("2g.35gb",   1, 14, 2, 2, 33536,  32, 2, 2, 0, 2, 0, (0, 2, 4)),
-    ("3g.71gb",   2,  9, 3, 4, 67584,  60, 3, 3, 0, 3, 0, (0, 4)),
-    ("4g.71gb",   3,  5, 4, 4, 67584,  64, 4, 4, 0, 4, 0, (0,)),
-    ("7g.141gb",  4,  0, 7, 8, 137216, 132, 8, 7, 0, 7, 1, (0,)),
+    ("1g.18gb",    0, 19, 1, 1, 17280,  16, 1, 1, 0, 1, 0, (0, 1, 2, 3, 4, 5, 6)),     # MiB: derived, no primary source
+    ("1g.18gb+me", 7, 20, 1, 1, 17280,  16, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # MiB: derived, no primary source
+    ("1g.35gb",    9, 15, 1, 2, 35328,  26, 1, 1, 0, 1, 0, (0, 2, 4, 6)),              # MiB: derived, no primary source
+    ("2g.35gb",    1, 14, 2, 2, 35328,  32, 2, 2, 0, 2, 0, (0, 2, 4)),                 # MiB: derived, no primary source
+    ("3g.71gb",    2,  9, 3, 4, 70784,  60, 3, 3, 0, 3, 0, (0, 4)),                    # MiB: derived, no primary source
+    ("4g.71gb",    3,  5, 4, 4, 70784,  64, 4, 4, 0, 4, 0, (0,)),                      # MiB: derived, no primary source
+    ("7g.141gb",   4,  0, 7, 8, 142592, 132, 8, 7, 0, 7, 1, (0,)),                     # MiB: derived, no primary source
 ])
 
 

@@ -232,7 +232,7 @@ class MigManagement:
         info.id = profile.id
         info.isP2pSupported = 0
         info.sliceCount = profile.compute_slices
-        info.instanceCount = len(profile.starts)
+        info.instanceCount = profile.max_instances
         info.multiprocessorCount = profile.multiprocessors
         info.copyEngineCount = profile.copy_engines
         info.decoderCount = profile.decoders
@@ -281,6 +281,10 @@ class MigManagement:
         with self._lock:
             used = self._occupied(gpu)
             if any(slices & taken for _, taken in used):
+                raise self._fail("NVML_ERROR_INSUFFICIENT_RESOURCES")
+            # A +me profile has seven placements but one set of media engines to give.
+            same = sum(1 for i in self.instances(gpu) if i["profile"] == profile.index)
+            if same >= profile.max_instances:
                 raise self._fail("NVML_ERROR_INSUFFICIENT_RESOURCES")
             gi = 1 + max((g for g, _ in used), default=0)
             instances = self.created(gpu)
