@@ -304,10 +304,10 @@ def test_kubernetes_cel_extensions(expression, expected):
 @pytest.mark.parametrize("expression, message", [
     ('device.attributes["accel.dra.io"].model == "x"', "no such key: model"),
     ('device.capacity["accel.dra.io"].memory > quantity("1Gi")', "no matching overload"),
-    ('device.capacity["accel.dra.io"].memory == "80Gi"', "quantity == string"),
+    ('device.capacity["accel.dra.io"].memory == "80Gi"', "'(quantity, string)'"),
     ('semver("12.4").major() == 12', "not a semantic version"),
     ('quantity("80 GB") == quantity("1")', "quantity('80 GB')"),
-    ('device.attributes["accel.dra.io"].cc.compareTo(quantity("1")) == 0', "semver.compareTo(quantity)"),
+    ('device.attributes["accel.dra.io"].cc.compareTo(quantity("1")) == 0', "'compareTo' applied to '(semver, quantity)'"),
     ('device.driver', "must return a bool"),
     ('device.driver ==', "does not compile"),
 ])
