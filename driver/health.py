@@ -47,6 +47,18 @@ class HealthState:
         # next periodic pass.
         self.on_loss: Callable[[], None] | None = None
         self.log = structlog.get_logger(component="health")
+        # Set once the first full probe pass is done: until then the conditions are not
+        # known, and slices published then would offer unhealthy devices untainted (the
+        # publisher waits for it).
+        self.probed = threading.Event()
+
+    def mark_probed(self) -> None:
+        """The first probe pass is done; listeners hear of it once (a pass that found
+        nothing wrong changes no condition, and the publisher waits for this)."""
+        if not self.probed.is_set():
+            self.probed.set()
+            self.log.info("health_first_pass_done", unhealthy=len(self._conditions))
+            self._changed()
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
@@ -332,6 +344,9 @@ class Prober:
         finally:
             if nvml_up:
                 self.nvml.nvmlShutdown()
+            # Even after a failed pass: a probe that fails will not do better for waiting,
+            # and publishing must not wait on it forever (health_probe_failed says why).
+            self.state.mark_probed()
 
     def _probing_of(self, inventory: Inventory) -> _Probing:
         sysfs, dev = str(self.sysfs), str(self.dev)

@@ -184,7 +184,8 @@ class Plugin:
         health.subscribe(lambda: nodeview.write_health(config.state_dir, instance.token, health))
         publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
                               taints=health.taints, metrics=metrics,
-                              newer_instance=instance.newer_peer, sharing=config.gpu_sharing)
+                              newer_instance=instance.newer_peer, sharing=config.gpu_sharing,
+                              health_ready=health.probed.is_set)
         health.subscribe(publisher.trigger)
 
         def static_mig() -> None:  # the server has no shared counters: publish MIG as it is

@@ -222,6 +222,10 @@ class Publisher:
     # (driver/instance.py); while there is one, it publishes and we do not.
     newer_instance: Callable[[], Any] = lambda: None
     watch_seconds: int = WATCH_SECONDS  # the server ends each watch after this; we resume
+    # Whether the first health pass is done (HealthState.probed). Until it is, nothing is
+    # published: slices written earlier would offer unhealthy devices without their taints,
+    # and the taints added a moment later would cost a second write (issue 28.13).
+    health_ready: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -238,6 +242,9 @@ class Publisher:
         # after one VF changed, a build makes one entry, not 2,048.
         self._entries: dict[str, tuple[Device, tuple, dict, dict]] = {}
         self._listed: dict[str, _Listed] = {}
+        # (the listed slices' names and versions, device -> {taint: timeAdded} in them)
+        self._taint_times: tuple[tuple, dict[str, dict[tuple, str]]] | None = None
+        self._waiting_for_health = False
 
     # -- triggers ------------------------------------------------------------------------
     def trigger(self) -> None:
@@ -391,6 +398,11 @@ class Publisher:
             raise
 
     def _reconcile(self) -> int:
+        if not self.health_ready():
+            if not self._waiting_for_health:
+                self._waiting_for_health = True
+                self.log.info("publish_waits_for_health")
+            return 0  # the first health pass triggers the next reconcile
         self.negotiate()
         self._owner()
         self.stats.reconciles += 1
@@ -401,6 +413,7 @@ class Publisher:
         # v1beta1 (1.32) has no device taints; where the server drops them (feature gate
         # off) we stop sending them rather than rewriting the slice forever.
         taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
+        taints = self._keep_time_added(taints, existing)
         sharing = self.sharing if self.sharing_supported else slices.EXCLUSIVE
         inventory = self.inventory()
         layout = self._layout(bool(inventory.counter_sets))
@@ -441,8 +454,62 @@ class Publisher:
                           devices=sum(len(o["spec"].get("devices", [])) for o in desired))
         self._published = (generation, want)
         self.stats.writes += writes
-        self.stats.published = True
+        self._mark_published(writes, generation)
         return writes
+
+    def _mark_published(self, writes: int, generation: int | None) -> None:
+        """Readiness: the first complete pass is done (the node's slices are what they
+        should be, written by us or kept by a newer instance)."""
+        if not self.stats.published:
+            self.log.info("slices_in_sync", writes=writes, generation=generation)
+        self.stats.published = True
+
+    def _keep_time_added(self, taints: Mapping[str, Sequence[dict]],
+                         existing: Mapping[str, dict]) -> Mapping[str, Sequence[dict]]:
+        """Our taints, each with the timeAdded of the same taint (key, value, effect) on the
+        same device in the slices already published: the condition has held since then
+        (a restart or an upgrade finds it again, with a later time), and a new time would
+        rewrite an unchanged slice. A taint that is new or changed keeps its own time."""
+        if not taints:
+            return taints
+        published = self._published_taints(existing)
+        out: dict[str, Sequence[dict]] | None = None
+        for device, wanted in taints.items():
+            before = published.get(device)
+            if not before:
+                continue
+            kept = []
+            for taint in wanted:
+                since = before.get(_taint_key(taint))
+                kept.append({**taint, "timeAdded": since}
+                            if since is not None and since != taint.get("timeAdded") else taint)
+            if any(a is not b for a, b in zip(kept, wanted)):
+                if out is None:
+                    out = dict(taints)
+                out[device] = kept
+        return taints if out is None else out
+
+    def _published_taints(self, existing: Mapping[str, dict]) -> dict[str, dict[tuple, str]]:
+        """device -> {(key, value, effect): timeAdded} in the listed slices; read again only
+        when a slice changed (its resourceVersion)."""
+        versions = tuple(sorted((name, (obj.get("metadata") or {}).get("resourceVersion"))
+                                for name, obj in existing.items()))
+        if self._taint_times is not None and self._taint_times[0] == versions:
+            return self._taint_times[1]
+        index: dict[str, dict[tuple, str]] = {}
+        for obj in existing.values():
+            for device in (obj.get("spec") or {}).get("devices") or []:
+                if not isinstance(device, dict):
+                    continue
+                found = device.get("basic", device).get("taints")
+                if not isinstance(found, list):
+                    continue
+                times = {_taint_key(t): t["timeAdded"] for t in found
+                         if isinstance(t, dict) and isinstance(t.get("timeAdded"), str)}
+                if times:
+                    index[str(device.get("name"))] = times
+        self._taint_times = (versions, index)
+        return index
 
     def _defer(self, would_write: bool) -> bool:
         """True while a newer instance publishes: then this one writes nothing."""
@@ -456,7 +523,7 @@ class Publisher:
             self.log.info("publishing_left_to_newer_instance", newer_instance=newer.token)
             self._standing_by = newer
         self._published = None  # the newer instance may change the partition
-        self.stats.published = True  # the node's slices are kept: not a reason to be unready
+        self._mark_published(0, None)  # the node's slices are kept: not a reason to be unready
         if would_write:
             self.stats.deferred += 1
         return True
@@ -609,6 +676,11 @@ class Publisher:
             return False
         self.cache.event(kind, obj)
         return True
+
+
+def _taint_key(taint: dict) -> tuple:
+    """What makes two taints the same one (the server leaves out an empty value)."""
+    return taint.get("key"), taint.get("value") or "", taint.get("effect")
 
 
 def _updated(live: dict, desired: dict) -> dict:

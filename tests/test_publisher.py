@@ -632,3 +632,68 @@ def test_random_outside_changes_and_inventories_converge(api, tmp_path):
                                    for n, s in (publisher.cache.snapshot() or {}).items()} == server, 5)
     api.reset_writes()
     assert make_publisher(api, tmp_path, Holder(final)).reconcile() == 0 and api.writes() == []
+
+
+# -- unhealthy devices: nothing before the first health pass, timeAdded kept (issue 28.13) ------
+
+def _health(built, profile):
+    from driver.health import HealthState, Prober
+
+    node, result = built(profile)
+    state = HealthState(DRIVER, lambda: result.inventory)
+    return node, result, state, Prober(state, node.sysfs, node.dev, None)
+
+
+def _taints_in_api(api) -> dict[str, list]:
+    return {d["name"]: d["taints"] for s in api.slices() for d in s["spec"]["devices"] if d.get("taints")}
+
+
+def test_nothing_is_published_before_the_first_health_pass(api, built, tmp_path):
+    node, result, state, prober = _health(built, "sriov")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.taints, publisher.health_ready = state.taints, state.probed.is_set
+    heard = []
+    state.subscribe(lambda: heard.append(state.probed.is_set()))
+    assert publisher.reconcile() == 0 and api.writes() == [] and not publisher.stats.published
+    prober.probe()
+    assert heard[-1] is True, "the end of the first pass is heard, even where nothing changed"
+    writes = publisher.reconcile()
+    assert writes == len(api.slices()) == 2 and all(v == "create" for v, _ in api.writes())
+    assert len(_taints_in_api(api)) == 17, "the E810's PF and its 16 VFs: link down"
+    assert publisher.stats.published
+
+
+def test_a_healthy_node_is_published_after_its_first_pass_too(api, built, tmp_path):
+    _, result, state, prober = _health(built, "mixed")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    publisher.health_ready = state.probed.is_set
+    heard = []
+    state.subscribe(lambda: heard.append(True))
+    prober.probe()
+    assert heard == [True], "no condition changed: the pass's end alone triggers the publisher"
+    assert publisher.reconcile() == 3
+
+
+def test_a_fresh_process_keeps_the_published_time_of_the_same_taint(api, built, tmp_path):
+    _, result, state, prober = _health(built, "sriov")
+    prober.probe()
+    first = make_publisher(api, tmp_path, Holder(result.inventory))
+    first.taints = state.taints
+    first.reconcile()
+    published = _taints_in_api(api)
+    later = {device: [{**t, "timeAdded": "2031-01-01T00:00:00Z"} for t in found]
+             for device, found in state.taints().items()}  # found again after a restart
+    api.reset_writes()
+    again = make_publisher(api, tmp_path, Holder(result.inventory))
+    again.taints = lambda: later
+    assert again.reconcile() == 0 and api.writes() == []
+    assert again.reconcile() == 0 and _taints_in_api(api) == published
+    # A taint that changed (another value) is a new one: its own time.
+    changed = dict(later)
+    device = sorted(changed)[0]
+    changed[device] = [{**changed[device][0], "value": "other"}]
+    again.taints = lambda: changed
+    assert again.reconcile() == 1
+    assert _taints_in_api(api)[device][0]["timeAdded"] == "2031-01-01T00:00:00Z"
+    assert {d: t for d, t in _taints_in_api(api).items() if d != device} == \
+        {d: t for d, t in published.items() if d != device}

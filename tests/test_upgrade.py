@@ -265,3 +265,73 @@ def test_the_kubelet_emulator_registers_each_new_socket_even_on_a_reused_inode_n
     assert [a.outcome for a in kubelet.attempts] == ["rejected: not yet"] * 6
     if len(set(offered)) == len(offered):
         pytest.skip(f"this file system gave every socket a new inode number: {offered}")
+
+
+# -- unhealthy devices across a restart and an upgrade (issue 28.13) ----------------------------
+# The sriov mock has an E810 whose PF and 16 VFs have their link down: each is published with a
+# link-down taint, and the taints decide how the devices are cut into slices.
+
+def _tainted(api) -> dict[str, list]:
+    return {d["name"]: d["taints"] for s in api.slices() for d in s["spec"].get("devices", [])
+            if d.get("taints")}
+
+
+def _settled(api, proc: DriverProcess) -> None:
+    """Waits until the instance says its first publish pass is done (or, on a driver that
+    does not say so, until it writes), then for a few health passes more."""
+    wait(lambda: "slices_in_sync" in proc.log() or api.writes(), timeout=40,
+         what=lambda: f"first publish pass; log:\n{proc.log()[-3000:]}")
+    time.sleep(3)  # later health passes (every second here) must not write either
+
+
+def _first_start(api, dirs, uid: str) -> tuple[DriverProcess, dict]:
+    proc = DriverProcess(api, dirs, profile="sriov",
+                         extra=["--pod-uid", uid, "--health-interval", "1"]).start()
+    wait(lambda: len(_tainted(api)) == 17, timeout=40,
+         what=lambda: f"17 link-down NICs tainted; log:\n{proc.log()[-3000:]}")
+    _settled(api, proc)
+    names = sorted(s["metadata"]["name"] for s in api.slices())
+    # Nothing was published before the first health pass: each slice written once, with
+    # its taints, not an untainted generation first.
+    assert sorted(api.writes()) == [("create", n) for n in names], api.writes()
+    return proc, _tainted(api)
+
+
+def test_a_restart_with_unhealthy_devices_writes_nothing():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        old, taints = _first_start(api, dirs, str(uuid.uuid4()))
+        assert old.terminate() == 0, old.log()
+        api.reset_writes()
+        time.sleep(1.1)  # the new process's conditions begin a second later than the old's
+        new = DriverProcess(api, dirs, profile="sriov",
+                            extra=["--pod-uid", str(uuid.uuid4()), "--health-interval", "1"]).start()
+        try:
+            _settled(api, new)
+            assert api.writes() == [], "an unchanged inventory, unhealthy devices included"
+            assert _tainted(api) == taints, "the taints' timeAdded is the first instance's"
+        finally:
+            new.kill()
+    dirs.cleanup()
+
+
+def test_an_upgrade_with_unhealthy_devices_writes_nothing():
+    dirs = DriverDirs.make()
+    with ApiServer() as api:
+        api.add_node("node-a")
+        old, taints = _first_start(api, dirs, str(uuid.uuid4()))
+        api.reset_writes()
+        time.sleep(1.1)
+        new = DriverProcess(api, dirs, profile="sriov",
+                            extra=["--pod-uid", str(uuid.uuid4()), "--health-interval", "1"]).start()
+        try:
+            _settled(api, new)
+            assert api.writes() == [], "two instances, an unchanged inventory: no write"
+            assert old.terminate() == 0, old.log()
+            time.sleep(2)
+            assert api.writes() == [] and _tainted(api) == taints
+        finally:
+            old.kill()
+            new.kill()
+    dirs.cleanup()
