@@ -78,11 +78,16 @@ class ClaimRecord:
     # The pods the claim was reserved for when last prepared (for `dra-driver status`;
     # older versions ignore the field, so it needs no new format version).
     pods: tuple[str, ...] = ()
+    # The UIDs its pods run as, recorded for claims that use MPS (driver/prepare/mpsusers.py:
+    # one MPS server serves one UID at a time); optional like `pods`.
+    run_as: tuple[int, ...] = ()
 
     def to_json(self) -> bytes:
         # Field by field rather than dataclasses.asdict, which deep-copies every config
         # only for json to walk it again: one record is written per prepare.
         data = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        if not self.run_as:
+            del data["run_as"]  # most claims: the record stays as it was
         data["devices"] = [{name: getattr(d, name) for name in _DEVICE_FIELDS}
                            for d in self.devices]
         data["state"] = self.state.value
@@ -106,7 +111,8 @@ class ClaimRecord:
             )
             return cls(uid=data["uid"], namespace=data["namespace"], name=data["name"],
                        state=State(data["state"]), boot_id=data["boot_id"], devices=devices,
-                       pods=tuple(str(p) for p in data.get("pods") or ()))
+                       pods=tuple(str(p) for p in data.get("pods") or ()),
+                       run_as=tuple(int(u) for u in data.get("run_as") or ()))
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as err:

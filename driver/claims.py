@@ -110,6 +110,15 @@ class ClaimReader:
                 version = await asyncio.to_thread(self.kube.resource_version)
             return await self.gets.get(self._path(ref, version))
 
+    async def read_pod(self, namespace: str, name: str) -> dict | None:
+        """A pod a claim is reserved for (None once it is gone)."""
+        try:
+            return await self.gets.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except NotFound:
+            return None
+        except ApiError as err:
+            raise ClaimError(f"pod {namespace}/{name}: cannot read it: {err}") from err
+
     @staticmethod
     def _path(ref: ClaimRef, version: str) -> str:
         return f"/apis/{API_GROUP}/{version}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"

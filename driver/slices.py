@@ -60,8 +60,11 @@ def consumable(device: Device, api_version: str) -> bool:
 
 
 def consumable_capacity(device: Device) -> dict:
-    """memory and compute, each with a request policy whose default is the whole device,
-    so that a claim that asks for nothing still gets the GPU alone."""
+    """memory and compute, each with a request policy. A claim that asks for nothing gets
+    all the memory, so the GPU stays its own. A claim that asks only for memory reserves
+    no compute (default 0): with the whole GPU's compute as the default, a memory-only
+    share took all 100 and nothing else fitted beside it. Such a share is not capped in SMs
+    either; it competes for them as any MPS client does (docs/sharing.md)."""
     memory = int(quantity.value(device.capacity["memory"]))
     # The default must be min + n*step: the largest whole GiB. What is left below one GiB
     # cannot be requested by anyone (the minimum is 1Gi), so the GPU stays unshared.
@@ -72,7 +75,7 @@ def consumable_capacity(device: Device) -> dict:
         "validRange": {"min": "1Gi", "step": "1Gi"},
     }
     capacity[COMPUTE] = {"value": "100", "requestPolicy": {
-        "default": "100", "validRange": {"min": "1", "step": "1"}}}
+        "default": "0", "validRange": {"min": "0", "step": "1"}}}
     return dict(sorted(capacity.items()))
 
 

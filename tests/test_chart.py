@@ -266,6 +266,17 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
         uid = str(uuid.uuid4())
         api.put_claim(claim_allocated("default", "c", uid, []))
         ClaimReader(kube).get(ClaimRef("default", "c", uid))
+        # The pods an MPS claim is reserved for (driver/prepare/mpsusers.py).
+        import asyncio
+
+        async def read_pod():
+            reader = ClaimReader(kube)
+            try:
+                return await reader.read_pod("default", "no-such-pod")
+            finally:
+                reader.gets.close()
+
+        assert asyncio.run(read_pod()) is None
         # status.devices, written as after a prepare, against a 1.36 server.
         from driver.claimstatus import StatusWriter
 
@@ -280,6 +291,7 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
                                                               "Idle", "idle"))
         assert cli.main(["cleanup", "--node-name", "node-a", "--kubeconfig", str(api.kubeconfig(tmp_path))]) == 0
         cluster_wide = set(api.state.access)
+        api.state.access.clear()  # what follows is in the driver's namespace only
         # MPS control daemons: started, found, stopped, in the driver's namespace only.
         with PodRunner(api, "node-a", tmp_path / "pods"):
             daemons = MpsDaemons(kube, DRIVER, "node-a", "dra-system", "img", tmp_path / "state",
@@ -290,7 +302,7 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
             daemons.wait_ready(gpu.name, starting.value.pod)
             assert len(daemons.pods()) == 1
             daemons.stop(gpu.name)
-        namespaced = set(api.state.access) - cluster_wide
+        namespaced = set(api.state.access)
     # The 1.36 subresource is granted for our driver's name only.
     (driver_rule,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
     assert driver_rule["resourceNames"] == [DRIVER]

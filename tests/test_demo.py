@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.demo.podman import busybox_rootfs as podman_rootfs
 from driver.demo.podman import ready as podman_ready
 from driver.devices import mock
 from tests.conftest import REPO
@@ -26,7 +27,7 @@ def test_demo_runs():
     assert "talking v1.DRAPlugin" in out
     assert "published 11 devices in 3 ResourceSlices" in out
     # GPUs are published as consumable: a claim that asks for no capacity gets all of it.
-    assert ("allocated: gpu -> gpu-0000-11-00-0 (share compute 100, memory 79Gi), "
+    assert ("allocated: gpu -> gpu-0000-11-00-0 (share compute 0, memory 79Gi), "
             "nic -> nic-0000-12-00-0") in out, "aligned on pci0000:10"
     assert "allocated: fpga -> fpga-0000-31-00-1" in out
     # Two claims packed onto the other GPU, each with its own limits.
@@ -229,3 +230,91 @@ def test_stale_demo_specs_are_removed_and_said(tmp_path):
     assert alive.exists(), "a demo still running keeps its specs"
     running.kill()
     running.wait()
+
+
+def _leftovers(pid: int) -> list[str]:
+    """What a demo of this PID left on the host: CDI specs, containers podman knows,
+    containers only runc knows, conmon processes, and its driver process."""
+    found = [p.name for p in Path("/var/run/cdi").glob(f"accel.dra.io-claim_demo-{pid}-*.json")]
+    if podman_ready() is None:
+        names = subprocess.run(["podman", "ps", "--all", "--external", "--format", "{{.Names}}"],
+                               capture_output=True, text=True, timeout=60).stdout.split()
+        found += [n for n in names if n.startswith(f"dra-demo-{pid}-")]
+        import json
+
+        runc = subprocess.run(["runc", "list", "--format", "json"], capture_output=True, text=True,
+                              timeout=60).stdout
+        found += [f"runc {c['id'][:12]}" for c in json.loads(runc or "null") or []
+                  if f"/dra-demo-{pid}-" in (c.get("rootfs") or "")]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if (cmdline.startswith("/usr/bin/conmon") and f" dra-demo-{pid}-" in cmdline) or \
+                    f"/dra-demo-{pid}-" in cmdline and " run " in cmdline and "--mock" in cmdline:
+                found.append(f"process {proc.name}: {cmdline[:80]}")
+    return found
+
+
+# Where the demo is interrupted: after this many lines of its output (0: right after its
+# first line), then the signal; every phase is met (start, registration, publishing,
+# allocation, prepare, a container running, unprepare, stop). The last entry of each pair
+# is whether a second signal follows at once (a user pressing Ctrl-C twice).
+POINTS = [(1, False), (3, True), (6, False), (12, False), (25, True), (45, False), (70, True),
+          (90, False), (98, False)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_at_any_point_it_ends_at_once_cleanly(signum):
+    """One Ctrl-C (to the whole process group, as a terminal sends it) or one SIGTERM, at
+    many points of a run: the demo ends with no traceback, and leaves no CDI spec, no
+    container (neither one podman knows nor one only runc lists), no conmon and no driver
+    process. Where podman can run, containers run (the default CDI directory)."""
+    word, code = ("Ctrl-C", 130) if signum == signal.SIGINT else ("SIGTERM", 143)
+    for lines, twice in POINTS:
+        proc = subprocess.Popen([sys.executable, "-m", "driver", "demo"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        seen = [proc.stdout.readline() for _ in range(lines)]
+        os.killpg(proc.pid, signum)
+        if twice:
+            time.sleep(0.05)
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+        try:
+            rest, errors = proc.communicate(timeout=60)  # hangs were of minutes: not a timing
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"the demo hung after {word} at line {lines}: {''.join(seen)[-400:]}")
+        where = f"{word} after {lines} line(s){' twice' if twice else ''}"
+        assert "Traceback" not in rest + errors, (where, errors)
+        assert proc.returncode in (code, 0), (where, proc.returncode, errors)  # 0: it had finished
+        if proc.returncode == code:
+            assert f"({word}); cleaned up" in rest, (where, rest[-300:])
+        assert _leftovers(proc.pid) == [], where
+
+
+def test_leftovers_of_a_killed_demo_are_removed_at_the_next_start(tmp_path):
+    """A demo killed while podman created a container leaves it Created or Initialized
+    (with its conmon and `runc init`): the next demo removes them, and says so."""
+    _podman_or_skip()
+    dead = 4194999  # above the kernel's PID limit: no demo runs with it
+    rootfs = podman_rootfs(tmp_path / f"dra-demo-{dead}-x")
+    base = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
+    for n in (1, 2):
+        subprocess.run(base + ["create", "--name", f"dra-demo-{dead}-{n}", "--network", "none",
+                               "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                               "--rootfs", str(rootfs), "/bin/sh", "-c", "true"],
+                       check=True, capture_output=True, timeout=120)
+    subprocess.run(base + ["init", f"dra-demo-{dead}-2"], check=True, capture_output=True, timeout=120)
+    assert len(_leftovers(dead)) >= 3, "two containers and a conmon"
+    code, out, err = _demo("--profile", "alveo")
+    assert code == 0, out + err
+    (said,) = [line for line in out if "container(s) of an earlier demo run" in line]
+    assert f"dra-demo-{dead}-1" in said and f"dra-demo-{dead}-2" in said
+    assert _leftovers(dead) == []

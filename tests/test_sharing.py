@@ -119,7 +119,7 @@ def test_consumable_slices_validate_for_every_server_that_has_the_fields(node):
     assert gpu["allowMultipleAllocations"] is True
     assert gpu["capacity"]["memory"] == {"value": "81559Mi", "requestPolicy": {
         "default": "79Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}
-    assert gpu["capacity"]["compute"]["requestPolicy"]["default"] == "100"
+    assert gpu["capacity"]["compute"]["requestPolicy"] == {"default": "0", "validRange": {"min": "0", "step": "1"}}
     for version in ("1.34.0", "1.35.0", "1.36.0", "1.37.0"):
         kubernetes_validate.validate(slices[0], version, strict=True)
 
@@ -483,3 +483,60 @@ def test_a_daemon_slower_than_the_wait_fails_the_claim_in_time_and_the_retry_fin
     assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
     assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
     assert node.pods() == {}
+
+
+def _workload_pod(api, name: str, claims: dict[str, str], uid: int | None = None,
+                  containers: dict[str, list[str]] | None = None) -> None:
+    """A pod of a user (not bound to the emulated node: the pod runner leaves it alone)
+    that references `claims` (entry name -> ResourceClaim name)."""
+    containers = containers or {"main": list(claims)}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+           "spec": {"resourceClaims": [{"name": k, "resourceClaimName": v} for k, v in claims.items()],
+                    "containers": [{"name": c, "image": "busybox",
+                                    "resources": {"claims": [{"name": k} for k in refs]}}
+                                   for c, refs in containers.items()]}}
+    if uid is not None:
+        pod["spec"]["securityContext"] = {"runAsUser": uid}
+    with api.state.lock:
+        api.state.pods[("default", name)] = pod
+
+
+def _reserve(api, claim: Claim, pod: str) -> None:
+    with api.state.lock:
+        stored = next(c for c in api.state.claims.values() if c["metadata"]["uid"] == claim.uid)
+        stored["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": "x"}]
+
+
+def test_a_share_running_as_another_uid_is_refused_naming_both_claims(node):
+    a = new_claim(node.api, "as-1000", [share(GPU, "10Gi", "20")])
+    b = new_claim(node.api, "as-2000", [share(GPU, "10Gi", "20")])
+    c = new_claim(node.api, "also-1000", [share(GPU, "10Gi", "20")])
+    for claim, pod, uid in ((a, "pa", 1000), (b, "pb", 2000), (c, "pc", 1000)):
+        _workload_pod(node.api, pod, {"gpu": claim.name}, uid)
+        _reserve(node.api, claim, pod)
+    assert node.kubelet.prepare([a]).claims[a.uid].error == ""
+    error = node.kubelet.prepare([b]).claims[b.uid].error
+    assert "default/as-2000" in error and "default/as-1000" in error, error
+    assert "UID 2000" in error and "one UID at a time" in error, error
+    assert not (node.dirs.cdi / f"{DRIVER}-claim_{b.uid}.json").exists()
+    assert node.kubelet.prepare([c]).claims[c.uid].error == "", "the same UID joins"
+    records = [json.loads(p.read_text()) for p in node.dirs.state.rglob(f"{a.uid}.json")]
+    (record,) = [r for r in records if r.get("state") and "devices" in r]
+    assert record["run_as"] == [1000]
+
+
+def test_a_container_that_needs_two_gpus_mps_daemons_is_refused(node):
+    a = new_claim(node.api, "mps-one", [share(GPU, "10Gi", "20")])
+    b = new_claim(node.api, "mps-two", [share(GPU2, "10Gi", "20")])
+    _workload_pod(node.api, "both", {"one": a.name, "two": b.name})
+    for claim in (a, b):
+        _reserve(node.api, claim, "both")
+    assert node.kubelet.prepare([a]).claims[a.uid].error == ""
+    error = node.kubelet.prepare([b]).claims[b.uid].error
+    assert "default/mps-two" in error and "both/main" in error and "default/mps-one" in error, error
+    assert "one MPS control daemon" in error, error
+    # In separate containers of the same pod, they are fine.
+    _workload_pod(node.api, "both", {"one": a.name, "two": b.name},
+                  containers={"first": ["one"], "second": ["two"]})
+    assert node.kubelet.prepare([b]).claims[b.uid].error == ""

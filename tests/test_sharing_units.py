@@ -93,7 +93,7 @@ def test_setup_rules(h100, mig):
     ts = opaque.decode(gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}))
     assert setups.for_device("ns/c", gpu, plain, None) is None, "exclusive: nothing to set up"
     assert setups.for_device("ns/c", gpu, plain, limits(20, 30)) == setups.Setup("MPS"), \
-        "a share is enforced through MPS though the claim did not ask"
+        "a share runs under MPS though the claim did not ask"
     whole = shares.limits("ns/c", gpu, {"memory": gpu.capacity["memory"], "compute": "100"})
     assert whole.whole(gpu) and setups.for_device("ns/c", gpu, plain, whole) is None
     assert setups.for_device("ns/c", gpu, ts, whole) == setups.Setup("TimeSlicing", interval="Short")
@@ -130,7 +130,7 @@ def test_share_limits_from_consumed_capacity(h100, mig):
     assert shares.limits("ns/c", gpu, {}) == shares.ShareLimits(81559 << 20, 100), "absent = all"
     for consumed, fragment in (({"memory": "200Gi"}, "the GPU has 81559Mi"),
                                ({"compute": "30.5"}, "whole percentage"),
-                               ({"compute": "0"}, "whole percentage"),
+                               ({"compute": "101"}, "whole percentage"),
                                ({"bandwidth": "1"}, "unknown capacity bandwidth"),
                                ({"memory": "lots"}, "quantities must match")):
         with pytest.raises(ClaimError, match=fragment):
@@ -311,3 +311,35 @@ def test_two_shares_of_one_claim_on_one_gpu_are_added_up(h100, tmp_path):
     mine[1] = use_of("ns/c", PreparedDevice("b", "n", gpu.name, (), share_id="s-b",
                                             consumed={"memory": "20Gi", "compute": "50"}), gpu)
     assert sharing.plan("ns/c", "uid", mine, []) == {gpu.name: setups.Setup("MPS")}
+
+
+def test_memory_only_shares_pack_beside_a_compute_share(h100):
+    """A share that asks only for memory reserved the whole compute (default 100) and
+    nothing fitted beside it. Now it reserves none: three 20Gi shares and a 30% share all
+    land on one GPU, and the memory-only ones get no compute cap."""
+    from driver.devices.model import Inventory
+    from driver.sim.allocator import Shares, allocate
+
+    _, gpus = h100
+    gpu = gpus[0]
+    shared = Shares({gpu.name: slices.consumable_capacity(gpu)})
+    gpu_class = {"gpu": ["true"]}
+
+    def claim(requests: dict) -> dict:
+        return {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu", "capacity": {"requests": requests}}}]}}
+
+    inventory = Inventory((gpu,))
+    for requests in ({"memory": "20Gi"}, {"memory": "20Gi"}, {"memory": "20Gi"},
+                     {"memory": "10Gi", "compute": "30"}):
+        (choice,) = allocate(claim(requests), inventory, gpu_class, "accel.dra.io", shares=shared)
+        assert [d.name for d in choice.devices] == [gpu.name]
+    assert shared.used[gpu.name] == {"memory": 70 * GIB, "compute": 30}
+    memory_only = shares.limits("ns/c", gpu, {"memory": "20Gi", "compute": "0"})
+    assert not memory_only.whole(gpu)
+    env = dict(e.split("=", 1) for e in shares.env("DRA_GPU", memory_only))
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env, "no SMs reserved, none capped"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    # A claim that asks for nothing still takes the GPU whole (all its memory).
+    everything = shares.limits("ns/c", gpu, {"memory": "79Gi", "compute": "0"})
+    assert everything.whole(gpu)

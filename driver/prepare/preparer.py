@@ -48,6 +48,7 @@ from driver.prepare.committer import GroupCommitter
 from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name
 from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.mps import MpsError, MpsStarting
+from driver.prepare.mpsusers import MpsUsers
 from driver.prepare.sharing import DeviceSharing, Use, use_of
 
 
@@ -175,8 +176,10 @@ class Preparer:
             prepared = self._resolve(ref, allocation)
             uses = self._uses(ref, prepared)
             shared = self._shared(uses)
-            outcome = await self._prepare_waiting(ref, prepared, uses, shared, log,
-                                                  ClaimUsers.of(claim))
+            users = ClaimUsers.of(claim)
+            if any(u.setup is not None and u.setup.mps for u in uses):
+                users = dataclasses.replace(users, mps=await self._mps_users(ref, users))
+            outcome = await self._prepare_waiting(ref, prepared, uses, shared, log, users)
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             if self.status is not None:  # the claim shows why, not only the kubelet's event
                 self.status.publish(ref, claim_status.failed(allocation, self.pool, str(err)))
@@ -184,6 +187,13 @@ class Preparer:
         if self.status is not None:
             self.status.publish(ref, list(outcome.status))
         return outcome
+
+    async def _mps_users(self, ref: ClaimRef, users: "ClaimUsers") -> MpsUsers:
+        """The UIDs and containers of the claim's pods: an MPS daemon serves one UID at a
+        time, and a container reaches one daemon (driver/prepare/mpsusers.py)."""
+        pods = await asyncio.gather(*(self.claims.read_pod(ref.namespace, name)
+                                      for name in users.pods[:MAX_POD_READS]))
+        return MpsUsers.of_pods(p for p in pods if p is not None)
 
     async def _prepare_waiting(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
                                uses: list[Use], shared: bool, log, users: "ClaimUsers") -> PrepareOutcome:
@@ -229,7 +239,7 @@ class Preparer:
                 # its settings) or spec deleted: rebuild from the allocation and today's
                 # hardware.
                 if shared:
-                    self._set_up(ref, uses)
+                    self._set_up(ref, uses, users)
                 uses = self._partitions(ref, uses)
                 self._write(ref, prepared, uses, log, "restored", users)
                 if shared and self.sharing is not None:
@@ -240,7 +250,7 @@ class Preparer:
             reason = "reprepared"
         self._check_exclusive(ref, prepared)
         if shared:
-            self._set_up(ref, uses)
+            self._set_up(ref, uses, users)
         uses = self._partitions(ref, uses)
         self._write(ref, prepared, uses, log, reason, users)
         if shared and self.sharing is not None:
@@ -276,7 +286,7 @@ class Preparer:
         except MigError as err:
             raise ClaimError(str(err)) from err
 
-    def _set_up(self, ref: ClaimRef, uses: list[Use]) -> None:
+    def _set_up(self, ref: ClaimRef, uses: list[Use], users: "ClaimUsers | None" = None) -> None:
         """Check the claim's sharing against the other claims and set the devices up
         (time-slice, compute mode, MPS daemon) before the spec that relies on it exists.
         Only for claims that share a device or touch one with a recorded setup: exclusive
@@ -288,6 +298,8 @@ class Preparer:
             return
         records = list(self.checkpoint.records())
         plan = self.sharing.plan(str(ref), ref.uid, uses, records)
+        if users is not None and users.mps is not None:
+            self.sharing.check_mps_users(ref.namespace, ref.name, ref.uid, plan, users.mps, records)
         self.sharing.clear_leftovers(str(ref), ref.uid, [u.device.name for u in uses
                                                          if u.device.name not in plan], records)
         self.sharing.apply(str(ref), plan)
@@ -406,7 +418,7 @@ class Preparer:
         self.cdi.write(ref.uid, spec)
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name,
                                         State.PREPARE_COMPLETED, self.boot_id, devices,
-                                        users.pods))
+                                        users.pods, users.mps.run_as if users.mps else ()))
         log.info("claim_" + reason, devices=[d.device for d in devices],
                  cdi_version=spec["cdiVersion"])
 
@@ -507,6 +519,7 @@ class ClaimUsers:
 
     pod_claim: str | None = None
     pods: tuple[str, ...] = ()
+    mps: MpsUsers | None = None  # read only for claims that use MPS
 
     @classmethod
     def of(cls, claim: dict) -> "ClaimUsers":
@@ -517,3 +530,4 @@ class ClaimUsers:
 
 
 MAX_PODS = 32  # reservedFor holds up to 256; the record keeps the first few
+MAX_POD_READS = 8  # pods read for an MPS claim's users (a claim shared by more is rare)

@@ -55,7 +55,8 @@ def for_device(claim: str, device: Device, config: opaque.DeviceConfig,
                              "shared, drop sharing from its config")
         return None
     if sharing is None:
-        # A share is enforced through MPS even when the claim did not ask for it.
+        # A share runs under MPS even when the claim did not ask for it: its limits are MPS
+        # client settings (per process, accounted rather than enforced: docs/sharing.md).
         return Setup(opaque.MPS) if share is not None and not share.whole(device) else None
     if sharing.strategy == opaque.TIME_SLICING:
         if device.kind is DeviceKind.MIG:
@@ -63,7 +64,7 @@ def for_device(claim: str, device: Device, config: opaque.DeviceConfig,
                              "to whole GPUs only (use strategy MPS, or no sharing config)")
         if share is not None and not share.whole(device):
             raise ClaimError(f"claim {claim}: its share of {device.name} ({share.memory_mib}Mi, "
-                             f"{share.compute_percent}%) is enforced through MPS; TimeSlicing "
+                             f"{share.compute_percent}%) is set up through MPS; TimeSlicing "
                              "cannot limit a share's memory or compute (use strategy MPS)")
         interval = sharing.timeSlicingConfig.interval if sharing.timeSlicingConfig else "Default"
         return Setup(opaque.TIME_SLICING, interval=interval)

@@ -1,10 +1,14 @@
 """Shares of a GPU allocated through consumable capacity (KEP-5075).
 
 The scheduler only counts: each allocation result of a multi-allocatable device carries a
-`shareID` and `consumedCapacity` (memory, compute), and nothing stops a process from using
-more. Here a share becomes limits the GPU's MPS server enforces on that share's processes,
-and prepare re-checks the arithmetic against the claims already prepared on the device,
-so that a stale or misbehaving scheduler cannot overcommit a GPU silently.
+`shareID` and `consumedCapacity` (memory, compute). Prepare re-checks that arithmetic
+against the claims already prepared on the device, so that a stale or misbehaving
+scheduler cannot overcommit a GPU silently; that part is enforced. The share's own limits
+reach its containers as MPS client settings in their environment: MPS applies them to
+each client process separately, and a process can unset or raise them, so they are
+accounted, not enforced (docs/sharing.md, "What is enforced, and what is only
+accounted"). The only caps a container cannot lift are the server defaults of the GPU's
+`mpsConfig`, which apply to every share alike.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class ShareLimits:
     memory_bytes: int  # of the GPU's memory this share may pin
-    compute_percent: int  # of the GPU's SMs (MPS active thread percentage)
+    # of the GPU's SMs (MPS active thread percentage); 0: none reserved, none capped (a
+    # share that asked only for memory)
+    compute_percent: int
 
     def whole(self, device: Device) -> bool:
-        """The share covers the device: what is left cannot be requested (< 1 GiB)."""
-        return (self.compute_percent >= WHOLE_COMPUTE
+        """The share covers the device: what is left cannot be requested (< 1 GiB of
+        memory, and no cap on the compute asked for)."""
+        return (self.compute_percent in (0, WHOLE_COMPUTE)
                 and device_memory(device) - self.memory_bytes < (1 << 30))
 
     @property
@@ -60,9 +67,9 @@ def limits(claim: str, device: Device, consumed: Mapping[str, str]) -> ShareLimi
     if not 0 < memory <= total:
         raise ClaimError(f"claim {claim}: share of {device.name} consumes {consumed.get(MEMORY)} "
                          f"memory; the GPU has {device.capacity.get(MEMORY)}")
-    if compute != compute.to_integral_value() or not 0 < compute <= WHOLE_COMPUTE:
+    if compute != compute.to_integral_value() or not 0 <= compute <= WHOLE_COMPUTE:
         raise ClaimError(f"claim {claim}: share of {device.name} consumes {consumed.get(COMPUTE)} "
-                         f"{COMPUTE}; it must be a whole percentage from 1 to {WHOLE_COMPUTE}")
+                         f"{COMPUTE}; it must be a whole percentage from 0 to {WHOLE_COMPUTE}")
     return ShareLimits(int(memory.to_integral_value(rounding="ROUND_CEILING")), int(compute))
 
 
@@ -87,12 +94,15 @@ def _gib(size: int) -> str:
 
 
 def env(prefix: str, share: ShareLimits) -> list[str]:
-    """The share's own MPS client limits, and what it was given, for the workload to read.
-    The MPS client limits can only lower what the server allows (see docs/sharing.md)."""
-    return [
+    """The share's MPS client settings, and what it was given, for the workload to read.
+    Per process and liftable by the container (not enforced); they can only lower what the
+    server allows (docs/sharing.md)."""
+    env = [
         f"{prefix}_MEMORY_LIMIT={share.memory_mib}Mi",
         f"{prefix}_COMPUTE_PERCENT={share.compute_percent}",
-        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_percent}",
-        # Ordinal 0: the MPS server of this GPU is started with only this GPU visible.
-        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share.memory_mib}M",
     ]
+    if share.compute_percent > 0:  # 0: no SMs reserved, so none capped either
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_percent}")
+    # Ordinal 0: the MPS server of this GPU is started with only this GPU visible.
+    env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share.memory_mib}M")
+    return env

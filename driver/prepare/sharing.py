@@ -23,12 +23,14 @@ from driver.cdi import Mount
 from driver.checkpoint import ClaimRecord, PreparedDevice, State
 from driver.claims import ClaimError
 from driver.devices.model import Device, DeviceKind, Inventory
+from driver.prepare import mpsusers
 from driver.prepare import setup as setups
 from driver.prepare import shares
 from driver.prepare.devicestate import DeviceState, DeviceStateError, DeviceStates
 from driver.prepare.gpucontrol import GpuControl, GpuControlError
 from driver.prepare.mps import (CONTAINER_PIPE_DIR, KUBELET_PREPARE_SECONDS, MpsDaemons, MpsError,
                                 MpsStarting)
+from driver.prepare.mpsusers import MpsUsers
 from driver.prepare.setup import Setup
 from driver.prepare.shares import ShareLimits
 
@@ -57,7 +59,7 @@ def use_of(claim: str, prepared: PreparedDevice, device: Device) -> Use:
     if not prepared.share_id and not prepared.config.get("sharing"):
         return Use(claim, device, None, None, None)  # exclusive: nothing to decode or check
     config = opaque.from_dict(prepared.config) if prepared.config else opaque.default_for(device.kind)
-    # Only GPUs have capacity to enforce; a share of another device (published shareable
+    # Only GPUs have capacity to account; a share of another device (published shareable
     # by some other means) is access beside other claims, nothing more.
     share = (shares.limits(claim, device, prepared.consumed)
              if prepared.share_id and device.kind is DeviceKind.GPU else None)
@@ -136,6 +138,41 @@ class DeviceSharing:
                              "talks to one MPS control daemon (CUDA_MPS_PIPE_DIRECTORY), so ask "
                              "for MPS-shared GPUs in separate claims")
         return plan
+
+    def check_mps_users(self, namespace: str, name: str, uid: str, plan: dict[str, Setup],
+                        users: MpsUsers, records: Iterable[ClaimRecord]) -> None:
+        """Refuse, naming both claims, what MPS would turn into a hang or a silent loss:
+        a share running as another UID than the shares on the GPU, and a container that
+        would need two GPUs' MPS daemons (driver/prepare/mpsusers.py)."""
+        claim = f"{namespace}/{name}"
+        daemons = sorted(d for d, s in plan.items() if s.mps)
+        if not daemons:
+            return
+        records = [r for r in records if r.uid != uid and r.state is State.PREPARE_COMPLETED]
+        run_as = {f"{r.namespace}/{r.name}": r.run_as for r in records}
+        for device in daemons:
+            others = sorted({(u.claim, run_as.get(u.claim, ()))
+                             for u in self.uses(records, only={device})
+                             if u.setup is not None and u.setup.mps})
+            problem = mpsusers.uid_conflict(claim, users.run_as, device, others)
+            if problem:
+                raise ClaimError(problem)
+        if not users.containers:
+            return
+        mps_devices = {f"{u.claim}": u.device.name for u in self.uses(records)
+                       if u.setup is not None and u.setup.mps}
+        for container, claims in sorted(users.containers.items()):
+            if name not in claims:
+                continue
+            for other in claims:
+                device = mps_devices.get(f"{namespace}/{other}")
+                if other != name and device is not None and device not in daemons:
+                    raise ClaimError(
+                        f"claim {claim}: container {container} also references claim "
+                        f"{namespace}/{other}, whose MPS daemon is on {device}, while this "
+                        f"claim's is on {daemons[0]}; a container talks to one MPS control "
+                        "daemon (one CUDA_MPS_PIPE_DIRECTORY), so give the two claims to "
+                        "different containers or ask for both GPUs in one claim without MPS")
 
     def clear_leftovers(self, claim: str, uid: str, devices: Iterable[str],
                         records: Iterable[ClaimRecord]) -> None:
