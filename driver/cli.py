@@ -10,6 +10,7 @@ generated fake node. `dra-driver COMMAND --help` lists a command's options.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -107,12 +108,23 @@ def usage_error(message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before anything started: nothing to clean up
+        return 130
     if args.command == "demo":
-        from driver import demo
+        try:
+            from driver import demo
 
-        return demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root,
-                         mig_mode=args.mig_mode)
+            code = demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root,
+                             mig_mode=args.mig_mode)
+        except KeyboardInterrupt:  # before the demo's own handler: it had started nothing
+            code = 130
+        # The demo has cleaned up. Leave now: at interpreter exit a gRPC channel's __del__
+        # or a thread of the emulator can block (seen after Ctrl-C), which nothing needs.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.command == "explain":
         from driver.explain import command as explain_command
 

@@ -11,12 +11,21 @@ It leaves the host as it found it. CDI specs go to the real /var/run/cdi only wh
 runs (podman reads them there); the demo's claims have UIDs `demo-<pid>-<uuid>`, so their
 specs (`<driver>-claim_demo-*.json`) are recognisably the demo's. They are removed on
 success, on failure, on Ctrl-C and on SIGTERM; at start, those of earlier demos that are
-no longer running (the PID in the name) are removed. The driver process dies with the
-demo.
+no longer running (the PID in the name) are removed. So are containers: named
+`dra-demo-<pid>-<n>`, with their rootfs in `/tmp/dra-demo-<pid>-*/`, so that those of a
+killed demo are found at the next start even where podman itself lost track of them
+(killed while creating one: only `runc list` shows it). The driver process and podman run
+in their own sessions, so that the terminal's Ctrl-C reaches only the demo, which
+unprepares through the driver and then stops it; the driver still dies with the demo.
+
+One signal ends the demo within seconds; later ones are ignored, so that they cannot cut
+the cleanup short. A signal that comes during a gRPC call is acted on after it: raised
+inside gRPC's code, it left a call whose finalizer then waited forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -25,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,8 +53,63 @@ EXIT_USAGE = 2
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-class Stopped(Exception):
-    """SIGTERM: unwind through the same cleanup as Ctrl-C."""
+class Stopped(BaseException):
+    """Ctrl-C or SIGTERM: unwind through the cleanup (a BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+_pending: list[int] = []  # a signal that came during a gRPC call, acted on after it
+_in_grpc = threading.local()
+
+
+def _stop(signum, frame) -> None:
+    # One signal is enough: the cleanup it starts is bounded. Later ones (a second Ctrl-C)
+    # must not interrupt that cleanup half-way, nor print a traceback.
+    for other in STOP_SIGNALS:
+        signal.signal(other, _ignore)
+    if getattr(_in_grpc, "depth", 0):
+        # An exception raised inside gRPC's code leaves a call whose __del__ then waits
+        # forever (seen: "interrupted; cleaned up", then a hang at exit). Note it; the
+        # waiting loop below raises it outside gRPC.
+        _pending.append(signum)
+        return
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _grpc():
+    """gRPC calls: a signal that comes meanwhile is raised after the call, not inside it."""
+    _in_grpc.depth = getattr(_in_grpc, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _in_grpc.depth -= 1
+    if _pending and not _in_grpc.depth:
+        raise Stopped(_pending.pop())
+
+
+def _await(future):
+    """The result of a gRPC future, waited for in short steps: a signal cancels it."""
+    import grpc
+
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except grpc.FutureTimeoutError:
+            if _pending:
+                future.cancel()
+                raise Stopped(_pending.pop()) from None
+
+
+def _ignore(signum, frame) -> None:
+    pass
 
 
 def _die_with_parent() -> None:
@@ -59,7 +124,12 @@ def _running_demo(spec: Path, driver: str) -> bool:
     """Does the demo that wrote this spec still run (another terminal's demo)?"""
     uid = spec.name.removeprefix(f"{driver}-claim_").removesuffix(".json")
     pid = uid.removeprefix(UID_PREFIX).split("-", 1)[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
+    return pid.isdigit() and _demo_alive(int(pid))
+
+
+def _demo_alive(pid: int) -> bool:
+    """Is process `pid` another demo that still runs (not this one, not a recycled PID)?"""
+    if pid == os.getpid():
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -77,12 +147,15 @@ class Demo:
     claims: list[DemoClaim] = field(default_factory=list)
     extra_classes: dict[str, list[str]] = field(default_factory=dict)
     from_file: bool = False
-    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp")))
+    # /tmp/dra-demo-<pid>-*: a container's rootfs is in it, which says whose container it is.
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix=f"dra-demo-{os.getpid()}-",
+                                                                     dir="/tmp")))
     proc: subprocess.Popen | None = None
     cdi_root: Path = SYSTEM_CDI
     why_no_container: str | None = None
     ours: list[str] = field(default_factory=list)  # UIDs of the claims we created
     mig_mode: str = "static"
+    containers: int = 0  # how many containers were started (they are named dra-demo-<pid>-<n>)
 
     @property
     def log_file(self) -> Path:
@@ -101,8 +174,10 @@ class Demo:
                 "--gpu-sharing", "consumable", "--mps-image", "dra-accel-driver:demo",
                 "--namespace", "default", "--mig-mode", self.mig_mode]
         with open(self.log_file, "wb") as log:
+            # Its own session: the terminal's Ctrl-C goes to the demo, which unprepares
+            # through the driver and then stops it; it still dies with the demo.
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=_die_with_parent, start_new_session=True)
 
     def wait_for_registration_socket(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -126,13 +201,13 @@ class Demo:
                 return line.removeprefix("dra-driver: ")
         return lines[-1] if lines else "(no output)"
 
-    def stop_driver(self) -> int | None:
+    def stop_driver(self, grace: float = 20) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
@@ -146,6 +221,11 @@ class Demo:
         if stale:
             self.out(f"== removed {len(stale)} stale CDI spec(s) of an earlier demo run from "
                      f"{self.cdi_root}: {', '.join(p.name for p in stale)}")
+        if self.why_no_container is None:
+            containers = podman.leftovers(_demo_alive)
+            if containers:
+                self.out(f"== removed {len(containers)} container(s) of an earlier demo run: "
+                         f"{', '.join(containers)}")
 
     def remove_our_specs(self) -> int:
         removed = 0
@@ -172,109 +252,117 @@ class Demo:
         prepared: list[Claim] = []
         try:
             with ApiServer() as api, PodRunner(api, NODE, self.work / "pods"):
-                api.add_node(NODE)
-                self.out(f"== API server emulator at {api.url}; driver state in {self.work}")
-                self.remove_stale_specs()
-                self.start_driver(api)
                 try:
-                    self.wait_for_registration_socket()
-                except RuntimeError as error:
-                    self.err(f"dra-driver demo: {error}")
-                    keep_log = True
-                    return 1
-                kubelet = FakeKubelet(self.work / "registry")
-                info = kubelet.register()
-                self.out(f"== kubelet: registered {info.name} ({', '.join(info.supported_versions)}), "
-                         f"talking {kubelet.version}")
-                api.wait_for(lambda: bool(api.state.slices), timeout=30)
-                time.sleep(0.3)
-                stored = api.slices()
-                inventory, shares, counters, device_taints = _inventory_from_slices(stored, self.driver)
-                self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
-                         f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
-                classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
-                rootfs = podman.busybox_rootfs(self.work) if self.why_no_container is None else None
-                taken: set[str] = set()
-                ran: set[str] = set()
-                skipped: list[str] = []
-                problems: list[str] = []
-                for claim in self.claims:
-                    if claim.instead_of and ran & set(claim.instead_of):
-                        continue
-                    spec = fill(claim.spec, self.driver)
+                    api.add_node(NODE)
+                    self.out(f"== API server emulator at {api.url}; driver state in {self.work}")
+                    self.remove_stale_specs()
+                    self.start_driver(api)
                     try:
-                        choices = allocate(spec, inventory, classes, self.driver, taken, shares,
-                                           counters, device_taints)
-                    except Unsatisfiable as error:
-                        if claim.expect_pending:
-                            self.out(f"\n== claim {claim.name}: {claim.what}\n   pending, as "
-                                     f"its file expects: {error}")
+                        self.wait_for_registration_socket()
+                    except RuntimeError as error:
+                        self.err(f"dra-driver demo: {error}")
+                        keep_log = True
+                        return 1
+                    kubelet = FakeKubelet(self.work / "registry")
+                    with _grpc():
+                        info = kubelet.register()
+                    self.out(f"== kubelet: registered {info.name} ({', '.join(info.supported_versions)}), "
+                             f"talking {kubelet.version}")
+                    api.wait_for(lambda: bool(api.state.slices), timeout=30)
+                    time.sleep(0.3)
+                    stored = api.slices()
+                    inventory, shares, counters, device_taints = _inventory_from_slices(stored, self.driver)
+                    self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
+                             f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
+                    classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
+                    rootfs = podman.busybox_rootfs(self.work) if self.why_no_container is None else None
+                    taken: set[str] = set()
+                    ran: set[str] = set()
+                    skipped: list[str] = []
+                    problems: list[str] = []
+                    for claim in self.claims:
+                        if claim.instead_of and ran & set(claim.instead_of):
                             continue
-                        if self.from_file:
-                            problems.append(f"claim {claim.name} cannot be allocated on profile "
-                                            f"{self.profile}: {error}")
-                            self.out(f"\n== claim {claim.name}: {claim.what}\n   not allocated: {error}")
-                        elif not claim.instead_of:
-                            skipped.append(f"{claim.name} (fits {claim.fits})")
-                        continue
-                    ran.add(claim.name)
-                    results = allocation_results(choices, self.driver, NODE)
-                    taken |= {r["device"] for r in results if "shareID" not in r}
-                    ref = Claim("default", claim.name, f"{UID_PREFIX}{os.getpid()}-{uuid.uuid4()}")
-                    self.ours.append(ref.uid)
-                    api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
-                                                  allocation_config(spec, self.driver)))
-                    self.out(f"\n== claim {claim.name}: {claim.what}")
-                    self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}{_share(r)}"
-                                                     for r in results))
-                    entry = kubelet.prepare([ref]).claims[ref.uid]
-                    if entry.error:
-                        problems.append(f"claim {claim.name} failed to prepare: {entry.error}")
-                        self.out(f"   prepare failed: {entry.error}")
-                        continue
-                    prepared.append(ref)
-                    cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
-                    self.out("   prepared: " + ", ".join(cdi_ids))
-                    self.show(rootfs, ref, cdi_ids, problems, claim.name)
-                if skipped:
-                    self.out(f"\n== not on profile {self.profile}: {', '.join(skipped)}")
-                self.out("")
-                if not ran:
-                    problems.append(f"no claim fits profile {self.profile}")
-                unprepared = 0
-                for ref in list(prepared):
-                    entry = kubelet.unprepare([ref]).claims[ref.uid]
-                    if entry.error:
-                        problems.append(f"claim {ref.name} failed to unprepare: {entry.error}")
-                    else:
-                        prepared.remove(ref)
-                        unprepared += 1
-                left = [p.name for p in self.cdi_root.glob(f"{self.driver}-claim_*.json")
-                        if any(uid in p.name for uid in self.ours)]
-                self.out(f"== unprepared {unprepared} claims; CDI specs left: {len(left)}")
-                kubelet.close()
-                kubelet = None
-                code = self.stop_driver()
-                self.out(f"== driver stopped (exit {code}); {len(api.slices())} slices stay published "
-                         "for the next instance")
-                if code != 0:
-                    problems.append(f"the driver exited with code {code}: {self.driver_error()}")
-                if left:
-                    problems.append(f"CDI specs left behind: {', '.join(left)}")
-                for problem in problems:
-                    self.err(f"dra-driver demo: {problem}")
-                keep_log = bool(problems)
-                return 1 if problems else 0
+                        spec = fill(claim.spec, self.driver)
+                        try:
+                            choices = allocate(spec, inventory, classes, self.driver, taken, shares,
+                                               counters, device_taints)
+                        except Unsatisfiable as error:
+                            if claim.expect_pending:
+                                self.out(f"\n== claim {claim.name}: {claim.what}\n   pending, as "
+                                         f"its file expects: {error}")
+                                continue
+                            if self.from_file:
+                                problems.append(f"claim {claim.name} cannot be allocated on profile "
+                                                f"{self.profile}: {error}")
+                                self.out(f"\n== claim {claim.name}: {claim.what}\n   not allocated: {error}")
+                            elif not claim.instead_of:
+                                skipped.append(f"{claim.name} (fits {claim.fits})")
+                            continue
+                        ran.add(claim.name)
+                        results = allocation_results(choices, self.driver, NODE)
+                        taken |= {r["device"] for r in results if "shareID" not in r}
+                        ref = Claim("default", claim.name, f"{UID_PREFIX}{os.getpid()}-{uuid.uuid4()}")
+                        self.ours.append(ref.uid)
+                        api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
+                                                      allocation_config(spec, self.driver)))
+                        self.out(f"\n== claim {claim.name}: {claim.what}")
+                        self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}{_share(r)}"
+                                                         for r in results))
+                        with _grpc():
+                            entry = _await(kubelet.future("NodePrepareResources", [ref])).claims[ref.uid]
+                        if entry.error:
+                            problems.append(f"claim {claim.name} failed to prepare: {entry.error}")
+                            self.out(f"   prepare failed: {entry.error}")
+                            continue
+                        prepared.append(ref)
+                        cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+                        self.out("   prepared: " + ", ".join(cdi_ids))
+                        self.show(rootfs, ref, cdi_ids, problems, claim.name)
+                    if skipped:
+                        self.out(f"\n== not on profile {self.profile}: {', '.join(skipped)}")
+                    self.out("")
+                    if not ran:
+                        problems.append(f"no claim fits profile {self.profile}")
+                    unprepared = 0
+                    for ref in list(prepared):
+                        with _grpc():
+                            entry = _await(kubelet.future("NodeUnprepareResources", [ref])).claims[ref.uid]
+                        if entry.error:
+                            problems.append(f"claim {ref.name} failed to unprepare: {entry.error}")
+                        else:
+                            prepared.remove(ref)
+                            unprepared += 1
+                    left = [p.name for p in self.cdi_root.glob(f"{self.driver}-claim_*.json")
+                            if any(uid in p.name for uid in self.ours)]
+                    self.out(f"== unprepared {unprepared} claims; CDI specs left: {len(left)}")
+                    with _grpc():
+                        kubelet.close()
+                    kubelet = None
+                    code = self.stop_driver()
+                    self.out(f"== driver stopped (exit {code}); {len(api.slices())} slices stay published "
+                             "for the next instance")
+                    if code != 0:
+                        problems.append(f"the driver exited with code {code}: {self.driver_error()}")
+                    if left:
+                        problems.append(f"CDI specs left behind: {', '.join(left)}")
+                    for problem in problems:
+                        self.err(f"dra-driver demo: {problem}")
+                    keep_log = bool(problems)
+                    return 1 if problems else 0
+                finally:
+                    # Interrupted or failed: every step bounded, so that the demo ends within seconds.
+                    if kubelet is not None and prepared:
+                        try:
+                            with _grpc():
+                                _await(kubelet.future("NodeUnprepareResources", prepared, timeout=5))
+                        except Exception:  # the driver may be gone: the spec removal below covers it
+                            pass
+                    if kubelet is not None:
+                        with _grpc():
+                            kubelet.close()
+                    self.stop_driver(grace=5)
         finally:
-            if kubelet is not None and prepared:
-                for ref in prepared:
-                    try:
-                        kubelet.unprepare([ref], timeout=5)
-                    except Exception:  # the driver may be gone: the spec removal below covers it
-                        pass
-            if kubelet is not None:
-                kubelet.close()
-            self.stop_driver()
             self.remove_our_specs()
             if keep_log:
                 self.err(f"dra-driver demo: driver log kept in {self.log_file}")
@@ -283,7 +371,7 @@ class Demo:
 
     def show(self, rootfs: Path | None, ref, cdi_ids: list[str], problems: list[str], name: str) -> None:
         if rootfs is not None:
-            seen = podman.run(rootfs, cdi_ids)
+            seen = podman.run(rootfs, cdi_ids, self.container_name())
             if seen.returncode != 0:
                 why = seen.stderr.strip()
                 if "unresolvable CDI devices" in why:
@@ -305,6 +393,10 @@ class Demo:
                 self.out(f"     MPS {' '.join(sorted(limits))}")
 
 
+    def container_name(self) -> str:
+        self.containers += 1
+        return f"{podman.CONTAINER_PREFIX}{os.getpid()}-{self.containers}"
+
     def unresolvable(self, rootfs: Path, ref, cdi_ids: list[str]) -> str | None:
         """podman says only "unresolvable CDI devices": say which spec version it refused,
         and what in the spec needs that version."""
@@ -314,7 +406,7 @@ class Demo:
         except (OSError, ValueError):
             return None
         version = str(spec.get("cdiVersion"))
-        refused = podman.refused_spec(rootfs, cdi_ids, spec_file, version)
+        refused = podman.refused_spec(rootfs, cdi_ids, spec_file, version, self.container_name())
         if refused is None:
             return None
         used = sorted({key for d in spec.get("devices", []) for key in d.get("containerEdits", {})
@@ -329,6 +421,23 @@ def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[st
          claim_file: Path | None = None, err: Callable[[str], None] | None = None,
          cdi_root: Path | None = None, mig_mode: str = "static") -> int:
     err = err or (lambda line: print(line, file=sys.stderr))
+    _pending.clear()
+    previous = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+    try:
+        return _main(profile, driver, out, claim_file, err, cdi_root, mig_mode)
+    except Stopped as stop:
+        if stop.signum == signal.SIGINT:
+            out("\n== interrupted (Ctrl-C); cleaned up")
+            return 130
+        out("\n== stopped (SIGTERM); cleaned up")
+        return 143
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(profile: str, driver: str, out: Callable[[str], None], claim_file: Path | None,
+          err: Callable[[str], None], cdi_root: Path | None, mig_mode: str) -> int:
     try:
         from driver.sim.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
     except ImportError as error:
@@ -352,21 +461,7 @@ def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[st
 
     demo = Demo(profile, driver, out, err, claims, classes, from_file=claim_file is not None,
                 cdi_root=cdi_root or SYSTEM_CDI, mig_mode=mig_mode)
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
-    try:
-        return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
-    except KeyboardInterrupt:
-        out("\n== interrupted (Ctrl-C); cleaned up")
-        return 130
-    except Stopped:
-        out("\n== stopped (SIGTERM); cleaned up")
-        return 143
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_stopped(signum, frame) -> None:
-    raise Stopped()
+    return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
 
 
 def _share(result: dict) -> str:

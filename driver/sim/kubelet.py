@@ -120,6 +120,16 @@ class FakeKubelet:
             claims=[pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims])
         return stub.NodeUnprepareResources(request, timeout=timeout)
 
+    def future(self, method: str, claims: list[Claim], version: str | None = None,
+               timeout: float = 45):
+        """`NodePrepareResources` or `NodeUnprepareResources` as a gRPC future: its caller
+        can wait in short steps and act on a signal between them (the demo), rather than
+        have an exception raised by a signal handler inside gRPC's own code."""
+        pb2, stub = self._stub(version)
+        request = getattr(pb2, f"{method}Request")(
+            claims=[pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims])
+        return getattr(stub, method).future(request, timeout=timeout)
+
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
