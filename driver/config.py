@@ -96,6 +96,10 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between device health probes (link state, GPU lost, device gone)"),
     Option("ignored_xids", "--ignored-xids", "IGNORED_XIDS", "13,31,43,45,68,109",
            "comma-separated NVML XIDs that do not make a GPU unhealthy (application errors)"),
+    Option("extended_resource_names", "--extended-resource-names", "EXTENDED_RESOURCE_NAMES", "",
+           "comma-separated extended resource names this driver's DeviceClasses serve "
+           "(spec.extendedResourceName, e.g. nvidia.com/gpu; the chart sets them): at start "
+           "the driver says if the node also advertises one (a device plugin still running)"),
     Option("xid_recovery_seconds", "--xid-recovery-seconds", "XID_RECOVERY_SECONDS", "0",
            "clear an XID condition this long after it began if the GPU answers; 0: keep it "
            "until the driver restarts"),
@@ -169,6 +173,7 @@ class Config:
     rediscover_interval: float = 60.0
     health_interval: float = 5.0
     ignored_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    extended_resource_names: tuple[str, ...] = ()
     xid_recovery_seconds: float = 0.0
     registration_timeout: float = 30.0
     gpu_sharing: str = "exclusive"
@@ -313,6 +318,17 @@ def _xids(value: str, source: str) -> frozenset[int]:
     return xids
 
 
+def _extended_resource_names(value: str, source: str) -> tuple[str, ...]:
+    found = tuple(sorted({p.strip() for p in str(value).split(",") if p.strip()}))
+    for name in found:
+        domain = name.split("/", 1)[0] if "/" in name else ""
+        if not domain or not names.is_qualified_name(name) or domain == "kubernetes.io" \
+                or domain.endswith(".kubernetes.io") and domain != "deviceclass.resource.kubernetes.io":
+            raise ConfigError(f"{source}: {name!r} is not an extended resource name (a domain-"
+                              "prefixed name outside kubernetes.io, e.g. nvidia.com/gpu)")
+    return found
+
+
 def _bool(value: str, source: str) -> bool:
     lowered = str(value).strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -428,6 +444,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         rediscover_interval=get("rediscover_interval", _seconds),
         health_interval=get("health_interval", _seconds),
         ignored_xids=get("ignored_xids", _xids),
+        extended_resource_names=get("extended_resource_names", _extended_resource_names),
         xid_recovery_seconds=0.0 if str(raw["xid_recovery_seconds"]) == "0"
         else get("xid_recovery_seconds", _seconds),
         registration_timeout=get("registration_timeout", _seconds),

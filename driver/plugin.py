@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from driver import logs, preflight
+from driver import extendedresources, logs, preflight
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.cdi import CdiWriter, Mount
 from driver.checkpoint import Checkpoint, read_boot_id
@@ -35,7 +35,7 @@ from driver.devices.nvlibs import DriverFiles
 from driver.health import HealthState, Prober, XidWatcher
 from driver.hotplug import Rediscovery, UeventMonitor
 from driver.instance import Instance
-from driver.kube import ClientConfigError, Kube
+from driver.kube import ApiError, ClientConfigError, Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
 from driver.kubelet.registration import DRA_SERVICES, Registration
@@ -151,7 +151,8 @@ class Plugin:
                        config.mps_image, config.state_dir, node.driver_root_host,
                        config.mps_start_timeout),
             boot_id, inventory)
-        mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory)
+        mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory,
+                            claims=checkpoint.records)
         metadata = MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token)
         metadata.sweep_temp_files(instance.owner_state)
         instance.forget_dead()  # after the sweeps above, which need to know who died
@@ -205,6 +206,7 @@ class Plugin:
                                   scan=lambda: fingerprint.fingerprint(node.sysfs, dirs),
                                   diff=fingerprint.changes, baseline=baseline, release=dirs.close)
         health.on_loss = rediscovery.notify
+        mig.rediscover = rediscovery.notify  # a MIG mode change (and a rebind's new minor)
         prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
         metrics.watch_state(
             prepared=lambda: len(checkpoint.uids()),
@@ -277,6 +279,9 @@ class Plugin:
             asyncio.create_task(self._sharing_loop(), name="sharing"),
             asyncio.create_task(self._registration_loop(), name="registration"),
         ]
+        if self.config.extended_resource_names:
+            self._tasks.append(asyncio.create_task(self._check_extended_resources(),
+                                                   name="extended-resources"))
         if self.utilization is not None:
             self._tasks.append(asyncio.create_task(
                 self.utilization.run(self.config.utilization_interval), name="utilization"))
@@ -347,6 +352,27 @@ class Plugin:
                         retry_in=delay, socket=str(self.config.registration_socket))
             await asyncio.sleep(delay)
             await self._offer_registration()
+
+    async def _check_extended_resources(self) -> None:
+        """Once, at start: the extended resource names our DeviceClasses serve that the node
+        also advertises (a device plugin still running; driver/extendedresources.py)."""
+        log = structlog.get_logger(component="extended-resources")
+        node = self.config.node_name
+        while True:
+            try:
+                obj = await asyncio.to_thread(self.kube.request, "GET", f"/api/v1/nodes/{node}")
+                break
+            except ApiError as err:  # the API server is down: look again later
+                log.warning("node_lookup_failed", node=node, error=str(err))
+                await asyncio.sleep(30)
+        found = extendedresources.served_twice(obj or {}, self.config.extended_resource_names)
+        for twice in found:
+            log.warning("extended_resource_served_twice", node=node, resource=twice.name,
+                        allocatable=twice.allocatable, message=twice.message(node))
+        try:
+            extendedresources.record(self.config.state_dir, self.instance.token, found)
+        except OSError as err:
+            log.warning("extended_resources_not_recorded", error=str(err))
 
     async def _sharing_loop(self) -> None:
         """Shared GPUs as the prepared claims need them: after a crash or reboot at once,

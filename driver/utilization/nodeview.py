@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from driver import atomic
+from driver import atomic, extendedresources
 from driver.checkpoint import ClaimRecord, State, read_records
 from driver.config import Config
 from driver.devices import mock
@@ -155,6 +155,8 @@ def table(found: list[Row]) -> str:
 def main(config: Config, output: str) -> int:
     problems: list[str] = []
     found = collect(config, problems)
+    # What the running driver found at its start (driver/extendedresources.py).
+    problems += [t.message(config.node_name) for t in extendedresources.recorded(config.state_dir)]
     for problem in problems:
         print(f"dra-driver status: {problem}", file=sys.stderr)
     if output == "json":
