@@ -1,12 +1,14 @@
 """Extended resources served by this driver (KEP-5004): a node must not serve one twice.
 
 A DeviceClass with `spec.extendedResourceName: nvidia.com/gpu` makes the scheduler serve
-pods that ask for `nvidia.com/gpu: 1` from this driver's devices. If a device plugin on the
-same node still advertises that name (the node's `status.allocatable` has it), the
-scheduler may count the same GPUs twice: once as the device plugin's extended resource,
-once as our devices. During a move from the device plugin that is a transition state an
-operator must see, so the driver looks at start (and `dra-driver status` shows what it
-found, from `<state>/extended-resources.json`) and says which names are served twice.
+pods that ask for `nvidia.com/gpu: 1` from this driver's devices, but only on nodes whose
+`status.allocatable` does not have the name (kube-scheduler 1.37 gives such a request to
+the device plugin wherever the node advertises it). If a device plugin on the node still
+advertises it, the same GPUs are handed out twice: by the device plugin to those pods, and
+by the scheduler, as our published devices, to ResourceClaims. During a move from the
+device plugin that is a transition state an operator must see, so the driver looks at
+start (and `dra-driver status` shows what it found, from `<state>/extended-resources.json`)
+and says which names are served twice.
 
 The names come from the chart (`--extended-resource-names`, the values the chart put on
 the DeviceClasses); the implicit `deviceclass.resource.kubernetes.io/<class>` names need
@@ -32,9 +34,9 @@ class ServedTwice:
 
     def message(self, node: str) -> str:
         return (f"node {node} also advertises {self.name} (allocatable {self.allocatable}), "
-                "most likely from a device plugin: pods asking for it may be given the "
-                "plugin's devices or ours; remove the device plugin from this node "
-                "(docs/migrating-from-device-plugin.md)")
+                "most likely from a device plugin: pods asking for it get the plugin's devices "
+                "here while ResourceClaims can be given the same devices through this driver; "
+                "remove the device plugin from this node (docs/migrating-from-device-plugin.md)")
 
 
 def served_twice(node: dict, names: Iterable[str]) -> list[ServedTwice]:

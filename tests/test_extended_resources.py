@@ -117,3 +117,44 @@ def test_served_twice_reads_allocatable():
 def test_a_bad_extended_resource_name_is_a_configuration_error(value):
     with pytest.raises(ConfigError, match="extended resource name"):
         build(parser().parse_args(["run", "--node-name", "n", "--extended-resource-names", value]), {})
+
+
+# -- the chart -------------------------------------------------------------------------------
+
+def test_the_chart_sets_the_name_on_the_class_and_tells_the_driver():
+    import kubernetes_validate
+
+    from tests.test_chart import by_kind, container, render
+
+    objects = render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1", "extendedResourceNames": {
+        "gpu": "nvidia.com/gpu", "fpga": "example.com/fpga"}}})
+    classes = {c["metadata"]["name"]: c for c in by_kind(objects, "DeviceClass")}
+    assert classes[f"gpu.{DRIVER}"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes[f"mig.{DRIVER}"]["spec"]
+    for version in ("1.35.0", "1.37.0"):
+        kubernetes_validate.validate(classes[f"gpu.{DRIVER}"], version, strict=True)
+    assert container(objects)[2]["EXTENDED_RESOURCE_NAMES"] == "example.com/fpga,nvidia.com/gpu"
+    # Off by default: no field, no option.
+    plain = render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}})
+    assert all("extendedResourceName" not in c["spec"] for c in by_kind(plain, "DeviceClass"))
+    assert "EXTENDED_RESOURCE_NAMES" not in container(plain)[2]
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"apiVersion": "resource.k8s.io/v1", "extendedResourceNames": {"gpu": "nvidia.com/gpu",
+                                                                   "mig": "nvidia.com/gpu"}},
+     "nvidia.com/gpu is named by both the gpu and the mig class"),
+    ({"apiVersion": "resource.k8s.io/v1beta1", "extendedResourceNames": {"gpu": "nvidia.com/gpu"}},
+     "needs resource.k8s.io/v1 DeviceClasses"),
+    ({"apiVersion": "resource.k8s.io/v1", "extendedResourceNames": {"gpu": "kubernetes.io/gpu"}},
+     "extendedResourceNames/gpu"),
+    ({"apiVersion": "resource.k8s.io/v1", "extendedResourceNames": {"tpu": "x.io/tpu"}},
+     "tpu"),
+])
+def test_the_chart_refuses_what_would_not_work(values, fragment):
+    import helm_python as helm
+
+    from tests.test_chart import render
+
+    with pytest.raises(helm.HelmError, match=fragment.replace(".", r"\.")):
+        render({"deviceClasses": values})

@@ -42,3 +42,23 @@ resource.k8s.io/v1beta2
 resource.k8s.io/v1beta1
 {{- end -}}
 {{- end -}}
+
+{{/*
+The DeviceClasses' extended resource names (KEP-5004) as a JSON map kind -> name, only
+those set; two classes naming one resource fail the render, since the scheduler could
+serve it from either.
+*/}}
+{{- define "dra.extendedResourceNames" -}}
+{{- $names := dict }}
+{{- $seen := dict }}
+{{- range $kind, $name := (.Values.deviceClasses.extendedResourceNames | default dict) }}
+{{- if $name }}
+{{- if hasKey $seen $name }}
+{{- fail (printf "deviceClasses.extendedResourceNames: %s is named by both the %s and the %s class; one extended resource is served by one DeviceClass" $name (get $seen $name) $kind) }}
+{{- end }}
+{{- $_ := set $seen $name $kind }}
+{{- $_ := set $names $kind $name }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}
