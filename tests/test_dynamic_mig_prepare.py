@@ -343,3 +343,99 @@ def test_an_xid_in_a_created_partition_marks_that_partition_only(h100):
         assert set(taints) == {device.name}, taints
     finally:
         watcher.stop()
+
+
+# -- MIG mode changes: failures undone, markers reconciled, a rebind followed (issue 28.8) ------
+
+def _marker(partitions, gpu_uuid: str):
+    return partitions.records.directory / f"mig-mode-enabled-{gpu_uuid}"
+
+
+def _whole_gpu_claim(uid: str, name: str) -> ClaimRecord:
+    return ClaimRecord(uid, "team", name, State.PREPARE_COMPLETED, "boot",
+                       (PreparedDevice("gpu", "node-a", GPU, ()),))
+
+
+def test_mig_mode_in_use_names_the_users_and_leaves_nothing_behind(h100):
+    built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    gpu = built.library.gpus[0]
+    built.library.loads.set(gpu.uuid, processes=[(4242, 1 << 30)])
+    partitions.claims = lambda: [_whole_gpu_claim("u1", "trainer")]
+    with pytest.raises(MigError) as failed:
+        partitions.ensure("ns/c", inventory.get(f"{GPU}-mig-1g-10gb-0"))
+    message = str(failed.value)
+    assert "in use" in message and "4242" in message and "team/trainer" in message, message
+    assert "reset" not in message, message
+    assert partitions.records.all() == [] and not _marker(partitions, gpu.uuid).exists()
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(0)) == [0, 0]
+    # The GPU is free again and an administrator turns MIG on: that mode is theirs, and
+    # stays on after our partition comes and goes (a marker left by the failure would
+    # have turned it off).
+    built.library.loads.set(gpu.uuid, processes=[])
+    nv.nvmlDeviceSetMigMode(nv.nvmlDeviceGetHandleByIndex(0), nv.NVML_DEVICE_MIG_ENABLE)
+    partitions.ensure("ns/c", inventory.get(f"{GPU}-mig-1g-10gb-0"))
+    assert partitions.release_unneeded([]) == []
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(0))[0] == 1
+
+
+def test_a_pending_mig_mode_blames_the_reset_and_is_cancelled(h100):
+    built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    gpu = built.library.gpus[0]
+    gpu.mig_mode_needs_reset = True  # as an Ampere GPU: the change waits for a reset
+    with pytest.raises(MigError, match="only after a GPU reset"):
+        partitions.ensure("ns/c", inventory.get(f"{GPU}-mig-1g-10gb-0"))
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(0)) == [0, 0], "pending enable cancelled"
+    assert partitions.records.all() == [] and not _marker(partitions, gpu.uuid).exists()
+
+
+@pytest.mark.parametrize("mode, instance", [(0, False), (1, False), (1, True)])
+def test_a_marker_no_record_explains_is_reconciled(h100, mode, instance):
+    """What a crash between the marker and the undo (or an older driver) leaves: a marker
+    without a record. MIG off: the marker goes; on with nothing on it: turned off; on with
+    an instance someone made: left as it is, marker and all."""
+    built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    gpu = built.library.gpus[0]
+    marker = _marker(partitions, gpu.uuid)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(b"enabled\n")
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    if mode:
+        nv.nvmlDeviceSetMigMode(handle, nv.NVML_DEVICE_MIG_ENABLE)
+    if instance:
+        info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0)
+        nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(
+            nv.c_nvmlGpuInstancePlacement_t(0, 1)))
+    assert partitions.recorded(), "the preparer asks for a release where only a marker is left"
+    assert partitions.release_unneeded([]) == []
+    assert marker.exists() == instance
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByIndex(0))[0] == (1 if instance else 0)
+
+
+def test_a_rebind_at_the_mode_change_is_followed(h100):
+    built, inventory, partitions = h100
+    nv = built.nvml
+    nv.nvmlInit()
+    gpu = built.library.gpus[0]
+    old_minor = gpu.minor
+    built.library.rebind_at_mig_mode_change.add(gpu.uuid)
+    asked = []
+    partitions.rediscover = lambda: asked.append(True)
+    concrete = partitions.ensure("ns/c", inventory.get(f"{GPU}-mig-3g-40gb-0"))
+    assert gpu.minor != old_minor, "the fake rebound the GPU"
+    assert concrete.attributes["parentMinor"] == gpu.minor
+    assert concrete.device_nodes[0] == f"/dev/nvidia{gpu.minor}"
+    assert all((built.dev / n.removeprefix("/dev/")).exists() for n in concrete.device_nodes)
+    assert asked, "the node is rediscovered, so the slices publish the new minor"
+    republished = dynamic(built).inventory
+    assert {d.attributes["parentMinor"] for d in republished.by_kind(DeviceKind.MIG)
+            if d.name.startswith(GPU)} == {gpu.minor}
+    # The partition goes, MIG mode with it (through a fresh handle, after another rebind).
+    built.library.rebind_at_mig_mode_change.add(gpu.uuid)
+    assert partitions.release_unneeded([]) == []
+    assert nv.nvmlDeviceGetMigMode(nv.nvmlDeviceGetHandleByUUID(gpu.uuid))[0] == 0

@@ -11,8 +11,11 @@ Return codes follow NVML's documentation: a placement that is not one of the pro
 INVALID_ARGUMENT, one that overlaps an instance INSUFFICIENT_RESOURCES, destroying a GPU
 instance that still has compute instances IN_USE, MIG operations on a GPU whose MIG mode
 is off INVALID_STATE (NOT_SUPPORTED where the GPU has no MIG), a MIG mode change with
-instances present IN_USE; on a GPU that changes MIG mode only with a reset (Ampere) the
-new mode stays pending and the activation status is RESET_REQUIRED.
+instances present, or with processes running on the GPU, IN_USE; on a GPU that changes MIG
+mode only with a reset (Ampere) the new mode stays pending and the activation status is
+RESET_REQUIRED. A test can make a GPU rebind at its next MIG mode change (`rebind_at_mig_
+mode_change`), as the NVIDIA driver may: its handles change (old ones are refused) and it
+gets a new minor number, with its /dev/nvidia<minor> node.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class MigManagement:
 
     nv: Any
     gpus: list[FakeGpu]
+    bindings: dict[int, int]
+    # GPU UUIDs that rebind at their next MIG mode change (tests).
+    rebind_at_mig_mode_change: set[str]
 
     # -- the model ---------------------------------------------------------------------------
     def mig_modes(self, gpu: FakeGpu) -> tuple[int, int]:
@@ -203,14 +209,33 @@ class MigManagement:
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         with self._lock:
             current, _ = self.mig_modes(gpu)
-            if mode != current and (gpu.migs or self.created(gpu)):
+            if mode != current and (gpu.migs or self.created(gpu) or self.loads.get(gpu.uuid).processes):
                 raise self._fail("NVML_ERROR_IN_USE")
             if mode != current and gpu.mig_mode_needs_reset:
                 self.state.update(gpu.uuid, pending_mig_mode=mode)
                 self._put(c_uint, activation, self.nv.NVML_ERROR_RESET_REQUIRED)
                 return
             self.state.update(gpu.uuid, mig_mode=mode, pending_mig_mode=None)
+            if mode != current and gpu.uuid in self.rebind_at_mig_mode_change:
+                self.rebind_at_mig_mode_change.discard(gpu.uuid)
+                self.rebind(gpu)
             self._put(c_uint, activation, self.nv.NVML_SUCCESS)
+
+    def rebind(self, gpu: FakeGpu) -> None:
+        """What the NVIDIA driver may do at a MIG mode change: the GPU is bound anew, so
+        its handles change and it may get another minor number (the next free one)."""
+        self.bindings[gpu.index] = self.bindings.get(gpu.index, 0) + 1
+        gpu.minor = 1 + max(g.minor for g in self.gpus)
+        root = getattr(self.state, "root", None)
+        if root is not None:
+            node = root / "dev" / f"nvidia{gpu.minor}"
+            node.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, gpu.minor))
+            except FileExistsError:
+                pass
+            except OSError:
+                node.touch()
 
     # -- GPU instances ---------------------------------------------------------------------------
     @export(c_void_p, c_uint, c_void_p)

@@ -38,6 +38,7 @@ from driver.devices.mock.model import export as _export
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 MAX_MIG_DEVICES = 7
 _GPU_BASE, _GPU_STRIDE, _MIG_STRIDE = 0x7F5A_0000_1000, 0x1000, 0x100  # handle addresses
+_BINDING_STRIDE = 0x10_0000  # a rebound GPU's handles move by this (see MigManagement.rebind)
 _SET_BASE = 0x7F5B_0000_0000
 
 # The first driver branch that exports a function (NVML's changelogs: MIG and the
@@ -109,6 +110,10 @@ class FakeNvmlLibrary(MigManagement):
         self.cuda = cuda
         self.nv = nv
         self.unsupported: set[str] = set()  # C functions that answer NOT_SUPPORTED (tests)
+        # GPU index -> how often the GPU was rebound (a MIG mode change, tests): its handles
+        # carry the count, so that a handle from before the rebind is refused.
+        self.bindings: dict[int, int] = {}
+        self.rebind_at_mig_mode_change: set[str] = set()
         self.lookups: list[str] = []  # function-table lookups, in order
         self.calls: dict[str, int] = {}
         self.errors: list[str] = []  # bugs inside the fake: never silently "success"
@@ -166,9 +171,8 @@ class FakeNvmlLibrary(MigManagement):
         if self._refs == 0:
             raise self._fail("NVML_ERROR_UNINITIALIZED")
 
-    @staticmethod
-    def _handle_address(index: int, mig: int | None = None) -> int:
-        address = _GPU_BASE + index * _GPU_STRIDE
+    def _handle_address(self, index: int, mig: int | None = None) -> int:
+        address = _GPU_BASE + self.bindings.get(index, 0) * _BINDING_STRIDE + index * _GPU_STRIDE
         return address if mig is None else address + (mig + 1) * _MIG_STRIDE
 
     def _resolve(self, address: int | None) -> tuple[FakeGpu, FakeMig | None]:
@@ -177,9 +181,12 @@ class FakeNvmlLibrary(MigManagement):
         if not address:
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         offset = address - _GPU_BASE
-        index, rest = divmod(offset, _GPU_STRIDE)
+        binding, within = divmod(offset, _BINDING_STRIDE)
+        index, rest = divmod(within, _GPU_STRIDE)
         by_index = {g.index: g for g in self.gpus}
         if offset < 0 or index not in by_index or rest % _MIG_STRIDE:
+            raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
+        if binding != self.bindings.get(index, 0):  # a handle from before a rebind
             raise self._fail("NVML_ERROR_INVALID_ARGUMENT")
         gpu = by_index[index]
         if gpu.lost:
