@@ -369,8 +369,9 @@ def test_offline_slices_file_with_claims_and_a_template_by_name(published, tmp_p
     dump = tmp_path / "cluster.yaml"
     dump.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}))
     code, out, _ = run("one-gpu", "--slices", str(dump))
-    # Published shareable (consumable, as the demo runs): the other claim holds all of it.
-    assert code == 1 and "not enough capacity left" in out and "(held by default/busy)" in out
+    # Published shareable (consumable, as the demo runs), but the other claim's results have
+    # no share: the scheduler counts such a device as allocated whole.
+    assert code == 1 and "allocated to claim default/busy" in out
 
 
 def test_against_a_cluster_through_a_kubeconfig(published, tmp_path):
@@ -399,7 +400,7 @@ def test_against_a_cluster_through_a_kubeconfig(published, tmp_path):
         kubeconfig = api.kubeconfig(tmp_path)
         code, out, err = run("mine", "-n", "team-a", "--kubeconfig", str(kubeconfig))
         assert code == 1, err
-        assert "(held by team-b/training)" in out
+        assert "allocated to claim team-b/training" in out
         code, out, _ = run("tmpl", "-n", "team-a", "--kubeconfig", str(kubeconfig), "-o", "json")
         body = json.loads(out)["claims"][0]
         assert body["source"] == "ResourceClaimTemplate from the cluster"
@@ -463,6 +464,10 @@ def test_only_the_newest_pool_generation_counts():
                                                                     "resourceSliceCount": 2},
                          "devices": [{"name": device}]}}
 
+    world = w.build([slice_(1, "old"), slice_(2, "new")] + [slice_(2, "newer") | {"metadata": {"name": "s3"}}])
+    assert [d.name for d in world.devices] == ["new", "newer"]
+    # An incomplete pool (1 of 2 slices of the newest generation): the scheduler takes nothing from it.
     world = w.build([slice_(1, "old"), slice_(2, "new")])
-    assert [d.name for d in world.devices] == ["new"]
-    assert world.notes == [f"pool n of {DRIVER}: 1 of 2 slices of its newest generation seen (being updated)"]
+    assert world.devices == [] and world.unusable_pools == {(DRIVER, "n"): ("incomplete", frozenset({"n"}))}
+    assert world.notes == [f"pool n of {DRIVER}: 1 of 2 slices of its newest generation seen (being updated): "
+                           "the scheduler allocates none of its devices until it is complete"]

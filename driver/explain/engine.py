@@ -154,6 +154,16 @@ def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -
     counters = Counters()
     for (driver, pool, name), totals in world.counter_sets.items():
         counters.totals[f"{driver}/{pool}/{name}"] = dict(totals)
+    # Shared counters are the pool's, not the node's: devices allocated on other nodes
+    # use them too.
+    on_node = {d.key for d in devices}
+    for device in world.devices:
+        if device.key not in on_node and device.consumes:
+            for _ in holders.get(device.key, ()):
+                counters.consumes[device.key] = {f"{device.driver}/{device.pool}/{s}": dict(c)
+                                                 for s, c in device.consumes.items()}
+                counters.take(device.key)
+                break
     for device in devices:
         if device.consumes:
             counters.consumes[device.key] = {f"{device.driver}/{device.pool}/{s}": dict(c)
@@ -161,11 +171,11 @@ def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -
         if device.multiple:
             shares.capacity[device.key] = device.capacity
     for device in devices:
-        for holder in holders.get(device.key, ()):
-            counters.take(device.key)
-            if device.multiple:
-                consumed = holder.consumed or {k: c["value"] for k, c in device.capacity.items()}
-                shares.take(device.key, {k: quantities.value(str(v)) for k, v in consumed.items()})
+        for index, holder in enumerate(holders.get(device.key, ())):
+            if index == 0:
+                counters.take(device.key)  # a shared device takes its counters once
+            if device.multiple and holder.consumed:  # a share; a result without one holds it whole
+                shares.take(device.key, {k: quantities.value(str(v)) for k, v in holder.consumed.items()})
     return _Ledger(holders, shares, counters)
 
 
@@ -208,22 +218,34 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
     taint = taints.blocking(device.taints, alt.tolerations)
     if taint is not None:
         return verdict(TAINT, f"taint {taints.text(taint)} is not tolerated")
-    if alt.admin:
-        return verdict(FITS, FITS)  # admin access ignores other claims' allocations
     holders = ledger.holders.get(device.key, [])
-    if holders and not device.multiple:
-        return verdict(ALLOCATED, f"allocated to claim {holders[0].claim}")
+    whole = [h for h in holders if not (device.multiple and h.consumed)]
+    # Admin access ignores other claims' allocations, not capacity or counters.
+    if whole and not alt.admin:
+        return verdict(ALLOCATED, f"allocated to claim {whole[0].claim}")
     if alt.capacity and not device.multiple:
-        return verdict(CAPACITY, "asks for capacity, but the device does not allow multiple "
-                                 "allocations (it is not shareable)")
+        # A dedicated device serves a capacity request that it could hold (KEP-5075).
+        missing = sorted(set(alt.capacity) - set(device.capacity))
+        if missing:
+            return verdict(CAPACITY, f"asks for capacity {missing[0]}, which the device does not have")
+        if _dedicated_amount(device, alt.capacity) is None:
+            return verdict(CAPACITY, "asks for more capacity than the device has: " + ", ".join(
+                f"{k} {v} wanted, {device.capacity[k]['value']} there" for k, v in alt.capacity.items()))
     if device.multiple:
         short = _capacity_short(device, alt.capacity, ledger.shares)
         if short:
             by = ", ".join(sorted({h.claim for h in holders}))
             return verdict(CAPACITY, short + (f" (held by {by})" if by else ""))
-    if not ledger.counters.fits(device.key):
+    if not (device.multiple and holders) and not ledger.counters.fits(device.key):
+        # (a shared device already in use has taken its counters)
         return verdict(COUNTERS, _counters_short(device, ledger))
     return verdict(FITS, FITS)
+
+
+def _dedicated_amount(device: w.PoolDevice, requests: dict):
+    shares = Shares()
+    shares.capacity[device.key] = device.capacity
+    return shares.amount(device.key, requests)
 
 
 def _selectors(alt: Alternative, device_class: w.DeviceClass):
@@ -284,10 +306,26 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
             report.alternatives.append(alt_report)
             fitting = [by_key[f"{v.driver}/{v.pool}/{v.device}"] for v in verdicts if v.code == FITS]
             if alt.count is None:  # All: every device the selectors accept, and at least one
-                selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR)]
+                # (leaving out those that could never hold its capacity request)
+                selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR) and not (
+                    v.code == CAPACITY and _never_holds(by_key[f"{v.driver}/{v.pool}/{v.device}"], alt))]
                 fitting = fitting if selected and len(fitting) == len(selected) else []
             per_request.append((alt, fitting, alt_report))
         options.append(per_request)
+    for index, constraint in enumerate((spec.get("devices") or {}).get("constraints") or []):
+        if not isinstance(constraint, dict) or not (constraint.get("matchAttribute") or
+                                                    constraint.get("distinctAttribute")):
+            report.why = (f"constraint #{index}: empty constraint (unsupported constraint type?); "
+                          "the scheduler fails the allocation")
+            return report
+    for alt, _, _ in (o for per_request in options for o in per_request):
+        if alt.count is None:
+            for (driver, pool), (why, nodes) in sorted(world.unusable_pools.items()):
+                if nodes is None or node in nodes:
+                    state = "currently being updated" if why == "incomplete" else "currently invalid"
+                    report.why = (f"request {alt.request}: asks for all devices, but resource pool "
+                                  f"{driver}/{pool} is {state}")
+                    return report
     errors = [(a, v) for a in report.alternatives for v in a.devices if v.code == CEL_ERROR]
     if errors:
         alt, v = errors[0]
@@ -295,7 +333,12 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
                       "aborts the allocation")
         return report
     constraints = (spec.get("devices") or {}).get("constraints") or []
-    found = _search(options, constraints, ledger)
+    try:
+        found = _search(options, constraints, ledger)
+    except _AllConstraintError as err:
+        report.why = (f"request {err.args[0]}: asks for all devices, but a claim constraint would not be "
+                      "satisfied by them; the scheduler fails the allocation")
+        return report
     if found is not None:
         report.fits = True
         report.why = FITS
@@ -303,6 +346,11 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
         return report
     report.why, report.constraints = _why_not(plan, options, constraints, ledger)
     return report
+
+
+def _never_holds(device: w.PoolDevice, alt: Alternative) -> bool:
+    """A capacity request that the device cannot hold even with nothing allocated."""
+    return bool(set(alt.capacity) - set(device.capacity)) or _dedicated_amount(device, alt.capacity) is None
 
 
 def _result(alt: Alternative, device: w.PoolDevice, ledger: _Ledger) -> dict:
@@ -317,22 +365,38 @@ def _count(alt: Alternative, fitting: list) -> int:
     return len(fitting) if alt.count is None else alt.count
 
 
+class _AllConstraintError(Exception):
+    """A request for all devices whose devices break a constraint: the scheduler's error."""
+
+
 def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000):
     def satisfied(chosen) -> bool:
         return all(_constraint_holds(c, chosen) for c in constraints)
 
     def search(index: int, chosen: list, used: set[str]):
+        if sum(len(ds) for _, ds in chosen) > MAX_RESULTS:
+            return None  # a claim holds at most 32 results
         if index == len(options):
             return chosen if satisfied(chosen) else None
         for alt, fitting, _ in options[index]:  # first alternative first
             need = _count(alt, fitting)
             if need == 0:
                 continue
-            free = [d for d in fitting if d.key not in used]
+            # A device that allows multiple allocations can serve several requests of the
+            # claim, while its capacity holds all of their shares.
+            free = [d for d in fitting if d.key not in used or d.multiple]
             for combo in itertools.islice(itertools.combinations(free, need), limit):
-                taken = [d.key for _, ds in chosen for d in ds]
-                if not ledger.counters.fits(combo[0].key, tuple(d.key for d in combo[1:]) + tuple(taken)):
+                # Counters of the devices taken, each once; a shared device in use has its own.
+                keys = list(dict.fromkeys([d.key for d in combo] + [d.key for _, ds in chosen for d in ds]))
+                keys = [k for k in keys if not (k in ledger.holders and ledger.shares.capacity.get(k) is not None)]
+                if keys and not ledger.counters.fits(keys[0], tuple(keys[1:])):
                     continue
+                if any(d.key in used and not _shares_fit(d, chosen + [(alt, combo)], ledger) for d in combo):
+                    continue
+                if alt.count is None and not satisfied(chosen + [(alt, combo)]):
+                    # All devices must be taken: the scheduler fails the allocation with an
+                    # error rather than trying anything else.
+                    raise _AllConstraintError(alt.request)
                 found = search(index + 1, chosen + [(alt, combo)], used | {d.key for d in combo})
                 if found is not None:
                     return found
@@ -341,17 +405,54 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
     return search(0, [], set())
 
 
+MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
+
+
+def _quiet_search(options, constraints: list[dict], ledger: _Ledger):
+    try:
+        return _search(options, constraints, ledger)
+    except _AllConstraintError:
+        return None
+
+
+def _shares_fit(device: w.PoolDevice, chosen, ledger: _Ledger) -> bool:
+    """Whether the shares of every request of the claim on this device fit together."""
+    shares = Shares(capacity=ledger.shares.capacity, used={k: dict(v) for k, v in ledger.shares.used.items()})
+    for alt, devices in chosen:
+        if all(d.key != device.key for d in devices):
+            continue
+        amount = shares.amount(device.key, alt.capacity)
+        if amount is None:
+            return False
+        shares.take(device.key, amount)
+    return True
+
+
+def _as_set(value) -> set | None:
+    """An attribute as the scheduler compares it with list-typed attributes (KEP-5491): a
+    set of its values (a scalar is a set of one), typed so that 1 and "1" differ."""
+    if value is None:
+        return None
+    items = value if isinstance(value, tuple) else (value,)
+    if not items:
+        return None
+    return {(type(v).__name__ if not isinstance(v, w.VersionText) else "version", str(v)) for v in items}
+
+
 def _constraint_holds(constraint: dict, chosen) -> bool:
     names = constraint.get("requests") or None
     values = [d.attribute(_constraint_attribute(constraint)) for alt, ds in chosen
               if names is None or alt.request.split("/")[0] in names or alt.request in names for d in ds]
     if not values:
         return True
+    sets = [_as_set(v) for v in values]
+    if any(s is None for s in sets):
+        return False
     if "matchAttribute" in constraint:
-        return None not in values and len(set(values)) == 1
+        return bool(set.intersection(*sets))  # a value common to all
     if "distinctAttribute" in constraint:
-        return None not in values and len(set(values)) == len(values)
-    return True  # a constraint kind this version does not know: the scheduler would refuse it
+        return all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1:])  # pairwise disjoint
+    return False  # an empty constraint: the scheduler fails the allocation
 
 
 def _constraint_attribute(constraint: dict) -> str:
@@ -368,11 +469,11 @@ def _why_not(plan, options, constraints, ledger) -> tuple[str, list[str]]:
         return "; ".join(short), []
     explained = []
     for constraint in constraints:
-        if _search(options, [constraint], ledger) is None:
+        if _quiet_search(options, [constraint], ledger) is None:
             explained.append(_explain_constraint(constraint, options))
     if explained:
         return "constraint not met: " + explained[0], explained
-    if _search(options, constraints, _without_counters(ledger)) is not None:
+    if _quiet_search(options, constraints, _without_counters(ledger)) is not None:
         return "the fitting devices share counters: no combination leaves room for all of them", []
     return "no combination of the fitting devices satisfies all constraints together", []
 

@@ -74,10 +74,15 @@ class PoolDevice:
 
 
 def plain(value: dict) -> Any:
-    """A published attribute value ({"int": 3}) as Python; versions as VersionText."""
+    """A published attribute value ({"int": 3}) as Python; versions as VersionText; a list
+    attribute ({"ints": [1, 2]}, KEP-5491) as a tuple."""
     if not isinstance(value, dict) or len(value) != 1:
         return None
     (kind, v), = value.items()
+    if kind == "versions" and isinstance(v, list):
+        return tuple(VersionText(str(x)) for x in v)
+    if isinstance(v, list):
+        return tuple(v)
     return VersionText(str(v)) if kind == "version" else v
 
 
@@ -91,6 +96,8 @@ class QuantityText(str):
 
 def _cel_input(value: dict) -> Any:
     v = plain(value)
+    if isinstance(v, tuple):
+        return [_cel_input({"version" if isinstance(x, VersionText) else "value": x}) for x in v]
     if isinstance(v, VersionText):
         try:
             return cel.SemVer(v)
@@ -104,6 +111,8 @@ def display(value: Any) -> str:
         return "<absent>"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(display(v) for v in value) + "]"
     if isinstance(value, str) and not isinstance(value, (VersionText, QuantityText)):
         return f'"{value}"'
     return str(value)
@@ -132,6 +141,10 @@ class World:
     claims: list[dict] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] | None = None  # None: labels unknown (offline)
     notes: list[str] = field(default_factory=list)
+    # (driver, pool) -> why the scheduler allocates nothing from it: "incomplete" (not all
+    # slices of its newest generation seen) or "invalid: ..." (a device twice, an unknown
+    # counter set), with the nodes it has slices on (None: every node).
+    unusable_pools: dict[tuple[str, str], tuple[str, frozenset | None]] = field(default_factory=dict)
 
     def nodes(self) -> list[str]:
         return sorted({d.node for d in self.devices if d.node is not None})
@@ -194,6 +207,12 @@ def _add_slices(world: World, slices: list[dict]) -> None:
         newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
     seen: dict[tuple[str, str], int] = {}
     expected: dict[tuple[str, str], int] = {}
+    pool_nodes: dict[tuple[str, str], set | None] = {}
+    # The scheduler visits pools by driver and name, a pool's slices by name, a slice's
+    # devices in order: the first fitting devices it meets are the ones it picks.
+    slices = sorted(slices, key=lambda o: ((o.get("spec") or {}).get("driver", ""),
+                                           ((o.get("spec") or {}).get("pool") or {}).get("name", ""),
+                                           (o.get("metadata") or {}).get("name", "")))
     for obj in slices:
         spec = obj.get("spec") or {}
         pool = spec.get("pool") or {}
@@ -204,10 +223,18 @@ def _add_slices(world: World, slices: list[dict]) -> None:
         seen[(driver, pool_name)] = seen.get((driver, pool_name), 0) + 1
         expected[(driver, pool_name)] = int(pool.get("resourceSliceCount", 1))
         node = spec.get("nodeName")
+        nodes = pool_nodes.setdefault((driver, pool_name), set())
+        if nodes is not None:
+            if node is None:
+                pool_nodes[(driver, pool_name)] = None
+            else:
+                nodes.add(node)
         if node is None and spec.get("nodeSelector"):
             world.notes.append(f"slice {slice_name}: its nodeSelector is not evaluated; its "
                                "devices are counted on every node")
         for counter_set in spec.get("sharedCounters") or []:
+            if (driver, pool_name, counter_set["name"]) in world.counter_sets:
+                _unusable(world, driver, pool_name, f"invalid: counter set {counter_set['name']} is defined twice")
             world.counter_sets[(driver, pool_name, counter_set["name"])] = {
                 k: _value(v.get("value"), f"slice {slice_name} counter set {counter_set['name']}")
                 for k, v in (counter_set.get("counters") or {}).items()}
@@ -224,10 +251,37 @@ def _add_slices(world: World, slices: list[dict]) -> None:
                 taints=tuple(body.get("taints") or ()),
                 multiple=bool(body.get("allowMultipleAllocations")),
                 consumes=consumes))
+    names: dict[tuple[str, str], set[str]] = {}
+    for device in world.devices:
+        pool = (device.driver, device.pool)
+        if device.name in names.setdefault(pool, set()):
+            _unusable(world, *pool, f"invalid: device {device.name} is listed twice")
+        names[pool].add(device.name)
+        for counter_set, counters in device.consumes.items():
+            total = world.counter_sets.get((device.driver, device.pool, counter_set))
+            if total is None:
+                _unusable(world, *pool, f"invalid: device {device.name} consumes counter set "
+                                        f"{counter_set}, which the pool does not define")
+            elif set(counters) - set(total):
+                _unusable(world, *pool, f"invalid: device {device.name} consumes counter "
+                                        f"{sorted(set(counters) - set(total))[0]} of set {counter_set}, "
+                                        "which the set does not define")
     for key, count in seen.items():
         if count < expected[key]:
             world.notes.append(f"pool {key[1]} of {key[0]}: {count} of {expected[key]} slices of "
-                               "its newest generation seen (being updated)")
+                               "its newest generation seen (being updated): the scheduler "
+                               "allocates none of its devices until it is complete")
+            _unusable(world, *key, "incomplete")
+    for key, (why, _) in list(world.unusable_pools.items()):
+        nodes = pool_nodes.get(key)
+        world.unusable_pools[key] = (why, None if nodes is None else frozenset(nodes))
+        if why != "incomplete":
+            world.notes.append(f"pool {key[1]} of {key[0]} is {why}: the scheduler allocates none of its devices")
+    world.devices = [d for d in world.devices if (d.driver, d.pool) not in world.unusable_pools]
+
+
+def _unusable(world: World, driver: str, pool: str, why: str) -> None:
+    world.unusable_pools.setdefault((driver, pool), (why, None))
 
 
 def _value(text: Any, where: str) -> Decimal:

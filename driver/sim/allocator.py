@@ -43,6 +43,8 @@ class Shares:
     def amount(self, device: str, requests: dict) -> dict[str, Decimal] | None:
         """What a request with these capacity requests consumes, or None if it does not fit."""
         wanted: dict[str, Decimal] = {}
+        if set(requests) - set(self.capacity[device]):
+            return None  # asks for a capacity the device does not have
         for name, entry in self.capacity[device].items():
             total = quantity.value(entry["value"])
             policy = entry.get("requestPolicy") or {}
@@ -119,6 +121,23 @@ def _canonical(value: Decimal) -> str:
     return quantity.canonical(format(value.normalize(), "f"))
 
 
+MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
+
+
+def _as_set(value) -> set | None:
+    """An attribute as the scheduler compares it for constraints (KEP-5491): the set of its
+    values, a scalar a set of one."""
+    if value is None:
+        return None
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    return {(type(v).__name__, str(v)) for v in items} or None
+
+
+def _dedicated_holds(device: Device, requests: dict) -> bool:
+    shares = Shares(capacity={device.name: {k: {"value": str(v)} for k, v in device.capacity.items()}})
+    return shares.amount(device.name, requests) is not None
+
+
 def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: dict, driver: str,
                 taken: set[str], device_taints: dict[str, list[dict]]) -> list[Device]:
     class_name = exactly.get("deviceClassName")
@@ -179,23 +198,34 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
                     candidates.append((device, amount))
                 elif not requests:
                     candidates.append((device, None))
-                # capacity requests on a device that is not shared: the scheduler skips it
+                elif _dedicated_holds(device, requests):
+                    candidates.append((device, None))  # a dedicated device that can hold the request
             options.append((name, candidates, count))
         options_per_request.append(options)
     constraints = devices_spec.get("constraints", [])
 
+    for index, constraint in enumerate(constraints):
+        if not (constraint.get("matchAttribute") or constraint.get("distinctAttribute")):
+            raise Unsatisfiable(f"constraint #{index}: empty constraint (unsupported constraint type?)")
+
     def satisfied(choices: list[Choice]) -> bool:
         for constraint in constraints:
             names = set(constraint.get("requests") or [c.request.split("/")[0] for c in choices])
-            attribute = constraint["matchAttribute"]
+            attribute = constraint.get("matchAttribute") or constraint["distinctAttribute"]
             key = attribute.removeprefix(f"{driver}/")  # ours are stored unqualified
-            values = {d.attributes.get(key) for c in choices if c.request.split("/")[0] in names
-                      for d in c.devices}
-            if len(values) != 1 or None in values:
+            sets = [_as_set(d.attributes.get(key)) for c in choices
+                    if c.request.split("/")[0] in names or c.request in names for d in c.devices]
+            if any(s is None for s in sets):
+                return False
+            if "matchAttribute" in constraint and sets and not set.intersection(*sets):
+                return False
+            if "distinctAttribute" in constraint and any(a & b for i, a in enumerate(sets) for b in sets[i + 1:]):
                 return False
         return True
 
     def search(index: int, chosen: list[Choice], used: set[str]) -> list[Choice] | None:
+        if sum(len(c.devices) for c in chosen) > MAX_RESULTS:
+            return None  # a claim holds at most 32 results
         if index == len(options_per_request):
             return chosen if satisfied(chosen) else None
         for name, candidates, count in options_per_request[index]:  # first alternative first
