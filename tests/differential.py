@@ -1,0 +1,328 @@
+"""Differential check of `dra-driver explain` against the real structured allocator
+(issue 32): a seeded generator of scenarios (pools on several nodes and on every node,
+incomplete and invalid pools, shared counters, consumable capacity, taints and
+tolerations, firstAvailable, matchAttribute / distinctAttribute constraints, allocationMode
+All, list-typed attributes, admin access, claims already allocated), each answered by
+hack/allocator-oracle (k8s.io/dynamic-resource-allocation) and by explain's engine, node by
+node: the verdict, and where both fit, the devices chosen for each request.
+
+One difference is deliberate (docs/explain.md): the scheduler stops at the first CEL
+runtime error it meets, which depends on the order it visits devices and on whether it
+found an allocation first; explain evaluates every device and reports any error as
+aborting the node. A scenario where explain reports a CEL error is counted apart, as
+"cel-error", and is not a disagreement whatever the scheduler answered.
+
+    python3 tests/differential.py --count 10000 --seed 1     # the benchmark-sized run
+
+prints the counts and writes every disagreeing scenario to
+tests/data/conformance/differential_regressions.json (kept as fixed regression cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from driver.explain import engine  # noqa: E402
+from driver.explain import world as w  # noqa: E402
+
+ORACLE_SOURCE = ROOT / "hack" / "allocator-oracle"
+REGRESSIONS = ROOT / "tests" / "data" / "conformance" / "differential_regressions.json"
+DRIVER = "gpu.example.com"
+OTHER = "nic.example.com"
+D = f'device.attributes["{DRIVER}"]'
+SELECTORS = [
+    f'{D}.model == "a"',
+    f'{D}.numa == 1',
+    f'{D}.ver.isGreaterThan(semver("1.1.0"))',
+    f'device.capacity["{DRIVER}"].memory.compareTo(quantity("10Gi")) >= 0',
+    f'{D}.ids.includes(2)',
+    f'{D}.ids.exists(i, i > 2)',
+    f'"tags" in {D} && {D}.tags.exists(t, t == "x")',
+    f'{D}.ok',
+    'device.allowMultipleAllocations',
+    f'cel.bind(a, {D}, a.numa == 0 || a.model == "b")',
+    f'{D}.model.startsWith("a") && {D}.numa >= 0.5',
+]
+ERRING_SELECTORS = [f'{D}.tags.size() > 0']  # tags is missing on some devices: a CEL error
+
+
+def build_oracle(directory: Path | None = None) -> Path | None:
+    """The oracle binary, built into a temporary folder (Go caches stay Go's); None
+    without Go."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    out = (directory or Path(tempfile.mkdtemp(prefix="allocator-oracle-"))) / "allocator-oracle"
+    subprocess.run([go, "build", "-o", str(out), "."], cwd=ORACLE_SOURCE, check=True,
+                   capture_output=True, text=True, timeout=3000)
+    return out
+
+
+class Oracle:
+    def __init__(self, binary: Path) -> None:
+        self.proc = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def ask(self, request: dict) -> dict:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+# -- the generator ----------------------------------------------------------------------------------------
+def _device(rng: random.Random, name: str, counter_set: str | None) -> dict:
+    attributes = {
+        "model": {"string": rng.choice(["a", "b", "ab"])},
+        "numa": {"int": rng.randint(0, 1)},
+        "ver": {"version": rng.choice(["1.0.0", "1.2.0", "2.0.0"])},
+        "ok": {"bool": rng.random() < 0.7},
+        "ids": {"ints": sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 3)))},
+    }
+    if rng.random() < 0.5:
+        attributes["tags"] = {"strings": sorted(rng.sample(["x", "y", "z"], rng.randint(1, 2)))}
+    device: dict = {"name": name, "attributes": attributes,
+                    "capacity": {"memory": {"value": rng.choice(["8Gi", "16Gi"])}}}
+    if rng.random() < 0.2:
+        device["allowMultipleAllocations"] = True
+        device["capacity"]["memory"]["requestPolicy"] = rng.choice([
+            {"default": "4Gi", "validRange": {"min": "1Gi", "step": "1Gi"}},
+            {"default": "8Gi", "validValues": ["4Gi", "8Gi"]},
+            {},
+        ])
+    if rng.random() < 0.1:
+        device["taints"] = [{"key": "t", "value": "v", "effect": rng.choice(["NoSchedule", "NoExecute", "None"])}]
+    if counter_set and rng.random() < 0.7:
+        device["consumesCounters"] = [{"counterSet": counter_set if rng.random() < 0.97 else "nope",
+                                       "counters": {"mem": {"value": rng.choice(["4", "8"])}}}]
+    return device
+
+
+def _pool(rng: random.Random, driver: str, pool: str, node: str | None) -> list[dict]:
+    where = {"nodeName": node} if node else {"allNodes": True}
+    generation = rng.randint(1, 2)
+    slices = []
+    counter_set = None
+    if driver == DRIVER and rng.random() < 0.3:
+        counter_set = "cs"
+        slices.append({"sharedCounters": [{"name": "cs", "counters": {"mem": {"value": rng.choice(["8", "12"])}}}]})
+    count = 0
+    for _ in range(rng.randint(1, 2)):
+        devices = []
+        for _ in range(rng.randint(1, 3)):
+            name = f"dev-{count}" if rng.random() < 0.98 else "dev-0"  # rarely twice: an invalid pool
+            count += 1
+            devices.append(_device(rng, name, counter_set))
+        slices.append({"devices": devices})
+    rng.shuffle(slices)  # the scheduler sorts slices by name; the listing order is not that
+    objects = []
+    names = [f"{pool}-{chr(ord('a') + i)}" for i in range(len(slices))]
+    rng.shuffle(names)
+    for name, spec in zip(names, slices):
+        objects.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                        "spec": {"driver": driver, **where,
+                                 "pool": {"name": pool, "generation": generation,
+                                          "resourceSliceCount": len(slices)}, **spec}})
+    if rng.random() < 0.05 and len(objects) > 1:
+        objects.pop()  # a slice not seen yet: an incomplete pool
+    if rng.random() < 0.1:  # an older generation still around
+        old = json.loads(json.dumps(objects[0]))
+        old["metadata"]["name"] += "-old"
+        old["spec"]["pool"]["generation"] = generation - 1
+        objects.append(old)
+    return objects
+
+
+def _request(rng: random.Random, name: str, classes: list[str]) -> dict:
+    def exactly() -> dict:
+        spec: dict = {"deviceClassName": rng.choice(classes)}
+        # As the API server stores it: allocationMode and count defaulted.
+        if rng.random() < 0.15:
+            spec["allocationMode"] = "All"
+        else:
+            spec["allocationMode"] = "ExactCount"
+            spec["count"] = rng.randint(1, 3) if rng.random() < 0.5 else 1
+        selectors = rng.sample(SELECTORS, rng.choice([0, 0, 1, 1, 2]))
+        if rng.random() < 0.05:
+            selectors.append(rng.choice(ERRING_SELECTORS))
+        if selectors:
+            spec["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+        if rng.random() < 0.15:
+            spec["tolerations"] = [rng.choice([{"key": "t", "operator": "Exists", "effect": "NoExecute"},
+                                               {"key": "t", "operator": "Exists"},
+                                               {"key": "t", "operator": "Equal", "value": "v", "effect": "NoSchedule"}])]
+        if rng.random() < 0.2:
+            spec["capacity"] = {"requests": {rng.choice(["memory", "memory", "memory", "cores"]):
+                                             rng.choice(["2Gi", "4Gi", "6Gi", "12Gi"])}}
+        if rng.random() < 0.05:
+            spec["adminAccess"] = True
+        return spec
+    if rng.random() < 0.25:
+        return {"name": name, "firstAvailable": [{"name": f"s{i}", **exactly()} for i in range(rng.randint(1, 3))]}
+    return {"name": name, "exactly": exactly()}
+
+
+def scenario(seed: int) -> dict:
+    rng = random.Random(seed)
+    nodes = [f"node-{c}" for c in "ab"[:rng.randint(1, 2)]]
+    slices: list[dict] = []
+    for node in nodes:
+        slices += _pool(rng, DRIVER, node, node)
+    if rng.random() < 0.4:
+        slices += _pool(rng, DRIVER, "shared", None)
+    if rng.random() < 0.15:
+        slices += _pool(rng, OTHER, nodes[0], nodes[0])
+    classes = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"},
+         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "big"},
+         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}},
+                                {"cel": {"expression": f'device.capacity["{DRIVER}"].memory.compareTo(quantity("10Gi")) >= 0'}}]}},
+    ]
+    requests = [_request(rng, f"r{i}", ["gpu", "gpu", "gpu", "any", "big"]) for i in range(rng.randint(1, 3))]
+    spec: dict = {"devices": {"requests": requests}}
+    if rng.random() < 0.3:
+        constraints = []
+        for _ in range(rng.randint(1, 2)):
+            kind = rng.choice(["matchAttribute", "matchAttribute", "distinctAttribute"])
+            attribute = rng.choice([f"{DRIVER}/model", f"{DRIVER}/numa", f"{DRIVER}/ids", f"{DRIVER}/tags"])
+            constraint: dict = {kind: attribute}
+            if rng.random() < 0.3:
+                constraint["requests"] = [requests[0]["name"]]
+            if rng.random() < 0.02:
+                constraint = {"requests": [requests[0]["name"]]}  # empty: the scheduler's error
+            constraints.append(constraint)
+        spec["devices"]["constraints"] = constraints
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "claim", "namespace": "default", "uid": "uid-claim"}, "spec": spec}
+    allocated = _allocated(rng, slices)
+    return {"seed": seed, "nodes": nodes, "slices": slices, "classes": classes, "claim": claim,
+            "allocated": allocated}
+
+
+def _allocated(rng: random.Random, slices: list[dict]) -> list[dict]:
+    """Other claims, with devices (whole or shares) already allocated to them."""
+    devices = [(s["spec"]["driver"], s["spec"]["pool"]["name"], d) for s in slices
+               for d in s["spec"].get("devices") or []]
+    claims = []
+    for i in range(rng.randint(0, 2)):
+        results = []
+        for driver, pool, device in rng.sample(devices, min(len(devices), rng.randint(1, 2))):
+            result: dict = {"request": "r", "driver": driver, "pool": pool, "device": device["name"]}
+            if device.get("allowMultipleAllocations"):
+                result["shareID"] = f"00000000-0000-0000-0000-00000000000{i}"
+                result["consumedCapacity"] = {"memory": rng.choice(["4Gi", "8Gi"])}
+            results.append(result)
+        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": f"other-{i}", "namespace": "default", "uid": f"uid-{i}"},
+                       "spec": {"devices": {"requests": []}},
+                       "status": {"allocation": {"devices": {"results": results}}}})
+    return claims
+
+
+# -- the comparison ---------------------------------------------------------------------------------------
+def explain_answer(sc: dict, node: str) -> dict:
+    world = w.build(sc["slices"] + sc["classes"] + sc["allocated"])
+    report = engine.explain_node("default/claim", sc["claim"]["spec"], node, world, "default")
+    answer: dict = {"fits": report.fits, "why": report.why}
+    if report.fits:
+        answer["devices"] = [(r["request"], r["pool"], r["device"]) for r in report.allocation]
+    return answer
+
+
+def oracle_answer(oracle: Oracle, sc: dict, node: str) -> dict:
+    raw = oracle.ask({"op": "allocate", "node": {"name": node}, "slices": sc["slices"], "classes": sc["classes"],
+                      "claims": [sc["claim"]], "allocated": sc["allocated"]})
+    if raw.get("error"):
+        return {"fits": False, "error": raw["error"]}
+    answer: dict = {"fits": bool(raw.get("fits"))}
+    if answer["fits"]:
+        results = raw["results"][0]["devices"]["results"]
+        answer["devices"] = [(r["request"], r["pool"], r["device"]) for r in results]
+    return answer
+
+
+def compare(oracle: Oracle, sc: dict) -> list[dict]:
+    """One finding per node: "agree", "cel-error" (the deliberate difference) or "disagree"."""
+    findings = []
+    for node in sc["nodes"]:
+        ours, theirs = explain_answer(sc, node), oracle_answer(oracle, sc, node)
+        if "a CEL error aborts the allocation" in ours["why"]:
+            kind = "cel-error"
+        elif ours["fits"] == theirs["fits"] and ours.get("devices") == theirs.get("devices"):
+            kind = "agree"
+        else:
+            kind = "disagree"
+        findings.append({"seed": sc["seed"], "node": node, "kind": kind, "explain": ours, "scheduler": theirs})
+    return findings
+
+
+def run(oracle: Oracle, seeds) -> dict:
+    counts = {"agree": 0, "cel-error": 0, "disagree": 0}
+    disagreements = []
+    for seed in seeds:
+        sc = scenario(seed)
+        for finding in compare(oracle, sc):
+            counts[finding["kind"]] += 1
+            if finding["kind"] == "disagree":
+                disagreements.append({"scenario": sc, "finding": finding})
+    return {"counts": counts, "disagreements": disagreements}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1, help="the first scenario's seed")
+    parser.add_argument("--oracle", help="a built hack/allocator-oracle (default: build it)")
+    parser.add_argument("--keep", action="store_true", help=f"add disagreements to {REGRESSIONS.name}")
+    args = parser.parse_args()
+    binary = Path(args.oracle) if args.oracle else build_oracle()
+    if binary is None:
+        print("Go is not installed: cannot build hack/allocator-oracle", file=sys.stderr)
+        return 2
+    oracle = Oracle(binary)
+    try:
+        result = run(oracle, range(args.seed, args.seed + args.count))
+    finally:
+        oracle.close()
+    print(json.dumps({"seeds": f"{args.seed}..{args.seed + args.count - 1}", **result["counts"]}))
+    for item in result["disagreements"][:5]:
+        print(json.dumps(item["finding"]))
+    if args.keep and result["disagreements"]:
+        kept = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
+        known = {k["seed"] for k in kept}
+        oracle = Oracle(binary)
+        try:
+            for item in result["disagreements"]:
+                sc = item["scenario"]
+                if sc["seed"] not in known:
+                    known.add(sc["seed"])
+                    sc["scheduler"] = {node: oracle_answer(oracle, sc, node) for node in sc["nodes"]}
+                    sc["why"] = f"disagreed in a run of tests/differential.py (seed {sc['seed']})"
+                    kept.append(sc)
+        finally:
+            oracle.close()
+        REGRESSIONS.write_text(json.dumps(kept, indent=1) + "\n")
+    return 1 if result["disagreements"] else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
