@@ -62,11 +62,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("dev_root", "--dev-root", "DEV_ROOT", None, "what stands for /dev (default /dev)"),
     Option("proc_root", "--proc-root", "PROC_ROOT", None, "what stands for /proc (default /proc)",
            commands=NODE),
+    # discover and status load NVML from the installation too (driver/devices/nvml.py).
     Option("nvidia_driver_root", "--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", None,
            "host path of the NVIDIA driver installation whose libraries GPU containers get "
-           "(default /; /run/nvidia/driver with the GPU operator)"),
+           "and whose libnvidia-ml.so.1 the driver loads (default /; /run/nvidia/driver with "
+           "the GPU operator)", commands=NODE),
     Option("nvidia_driver_root_mount", "--nvidia-driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None,
-           "where this process sees --nvidia-driver-root (default: the same path)"),
+           "where this process sees --nvidia-driver-root (default: the same path)",
+           commands=NODE),
     Option("mock", "--mock", "MOCK_PROFILE", None,
            f"mock devices: a built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file",
            commands=NODE),

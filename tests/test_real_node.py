@@ -165,3 +165,21 @@ def test_the_unchrooted_daemon_gets_path_and_preloads_not_library_folders(tmp_pa
     assert how.env["PATH"].split(os.pathsep)[0] == str(node.driver_root / "usr" / "bin")
     assert how.env["LD_PRELOAD"].split(":")[0] == str(lib / "libcuda.so.1")
     assert "LD_LIBRARY_PATH" not in how.env
+
+
+def test_the_driver_discovers_beside_a_host_glibc_with_nvml_from_the_driver_root(tmp_path):
+    """The driver's own start on such a node, with --nvidia-driver-root (which discover now
+    takes too, so that it reads NVML where the plugin does): the host's glibc beside the
+    NVIDIA libraries is never loaded and the process runs to its end."""
+    root = tmp_path / "driver-root"
+    host_glibc(root)
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    shutil.copy(_ctypes.__file__, lib / "libnvidia-ml.so.1")
+    for empty in ("sys/bus/pci/devices", "sys/class/net", "proc"):
+        (tmp_path / empty).mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "driver", "discover", "--node-name", "n",
+                           "--nvidia-driver-root", str(root), "--sysfs-root", str(tmp_path / "sys"),
+                           "--proc-root", str(tmp_path / "proc")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "(no devices found)" in done.stdout
