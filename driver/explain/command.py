@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from driver.explain import engine, render, sources
+from driver.explain import configs, engine, render, sources
 from driver.explain import world as w
 
 EXIT_FITS, EXIT_NOWHERE, EXIT_USAGE = 0, 1, 2
@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mock", metavar="PROFILE",
                         help=f"offline: the devices of a mock node ({', '.join(builtin_profiles())}) "
                              "with the chart's DeviceClasses")
-    parser.add_argument("--driver-name", default="accel.dra.io", help="--mock: the driver name")
+    parser.add_argument("--driver-name", default="accel.dra.io",
+                        help="this driver's name: --mock publishes under it, and the claim's opaque "
+                             "configs for it are checked as the admission policy and prepare check them")
     parser.add_argument("--gpu-sharing", choices=("exclusive", "consumable"), default="exclusive",
                         help="--mock: how whole GPUs are published (the driver's --gpu-sharing)")
     parser.add_argument("--mig-mode", choices=("static", "dynamic"), default="static",
@@ -47,10 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
+    from driver.kube import ApiError
+
     try:
         explanations = _explanations(args)
     except (sources.SourceError, engine.ClaimError, w.WorldError) as error:
         print(f"dra-driver explain: {error}", file=err)
+        return EXIT_USAGE
+    except ApiError as error:  # a request that failed where no step above expected it
+        print(f"dra-driver explain: the API server: {error}", file=err)
         return EXIT_USAGE
     if args.output == "json":
         out.write(render.as_json(explanations))
@@ -96,13 +103,15 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
             raise sources.SourceError(f"--node {node}: no ResourceSlice names this node "
                                       f"(nodes: {', '.join(world.nodes()) or 'none'})")
     nodes = args.node or None
-    return [_one(claim, world, nodes) for claim in claims]
+    return [_one(claim, world, nodes, args.driver_name) for claim in claims]
 
 
-def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None) -> engine.Explanation:
+def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,
+         driver: str) -> engine.Explanation:
     source = f"{claim.kind} from {claim.origin}"
     result = engine.explain(claim.ref, claim.spec, world, claim.namespace, nodes,
                             skip_uid=claim.uid, source=source)
+    configs.check(result, claim.spec, driver, world)
     if world.namespaces is None and any(a.admin for _, alts in engine.requests(claim.ref, claim.spec)
                                         for a in alts):
         result.notes.append("namespace labels are unknown (no Namespace objects): the admin-access "

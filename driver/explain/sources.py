@@ -142,17 +142,32 @@ def pick(claims: list[Claim], name: str | None, namespace: str | None, where: st
 
 
 # -- a cluster ----------------------------------------------------------------------------------
+def resource_version(kube) -> str:
+    """The resource.k8s.io version the cluster serves; an unreachable server, or one that
+    serves no resource.k8s.io, is a SourceError naming the server (exit 2: not a verdict)."""
+    from driver.kube import ApiError, NotFound
+
+    client = getattr(kube, "client", None)
+    server = getattr(getattr(client, "config", None), "server", None) or "the API server"
+    try:
+        return kube.resource_version()
+    except NotFound:
+        raise SourceError(f"{server} does not serve resource.k8s.io (Dynamic Resource Allocation "
+                          "needs Kubernetes 1.32 or newer, with the DynamicResourceAllocation "
+                          "feature enabled before 1.34)") from None
+    except ApiError as err:
+        if err.status == 0:
+            raise SourceError(f"cannot reach {server}: {err}") from None
+        raise SourceError(f"{server}: cannot read its resource.k8s.io versions: {err}") from None
+
+
 def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
     """ResourceSlices, DeviceClasses, ResourceClaims (all namespaces where allowed), the
     claim's Namespace and DeviceTaintRules; and notes on what could not be read."""
     from driver.kube import ApiError, NotFound
 
     notes: list[str] = []
-    try:
-        version = kube.resource_version()
-    except ApiError as err:
-        raise SourceError(f"cannot reach the API server: {err}") from None
-    base = f"/apis/resource.k8s.io/{version}"
+    base = f"/apis/resource.k8s.io/{resource_version(kube)}"
 
     def listed(path: str, kind: str) -> list[dict]:
         items = (kube.request("GET", path) or {}).get("items") or []
@@ -190,7 +205,7 @@ def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
 def cluster_claim(kube, name: str, namespace: str) -> Claim:
     from driver.kube import ApiError, NotFound
 
-    version = kube.resource_version()
+    version = resource_version(kube)
     for kind, resource in (("ResourceClaim", "resourceclaims"), ("ResourceClaimTemplate", "resourceclaimtemplates")):
         try:
             obj = kube.request("GET", f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/{resource}/{name}")
