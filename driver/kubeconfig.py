@@ -95,8 +95,9 @@ def in_cluster(environ: Mapping[str, str] = os.environ,
 def check_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> None:
     """Every mistake `from_kubeconfig` would find, without its effects: no credential
     plugin runs and no inline key is written (preflight, before any socket is offered).
-    What only using the settings shows (a CA that is not a certificate, a plugin that
-    fails) is left to the client."""
+    A CA that is not a certificate is found here too; what only using the settings shows
+    (a client certificate or key that is not PEM, a plugin that fails) is left to the
+    client."""
     _load(path, environ, dry=True)
 
 
@@ -168,6 +169,8 @@ def _load(path: Path, environ: Mapping[str, str], dry: bool) -> ApiConfig | None
         raise fail(f"{who} has a client certificate without its key, or a key without its "
                    "certificate")
     headers = _credentials(user, base, who, fail)
+    ca_file = file("certificate-authority", cluster, f"cluster {cluster_name!r}")
+    _check_ca(ca_file, ca_data, f"cluster {cluster_name!r}", fail)
     if dry:
         return None
     if cert_data is not None or key_data is not None:
@@ -175,12 +178,30 @@ def _load(path: Path, environ: Mapping[str, str], dry: bool) -> ApiConfig | None
     return ApiConfig(
         server, headers,
         ca_pem=ca_data.decode(errors="replace") if ca_data is not None else None,
-        ca_file=file("certificate-authority", cluster, f"cluster {cluster_name!r}"),
+        ca_file=ca_file,
         verify=not cluster.get("insecure-skip-tls-verify", False),
         tls_server_name=cluster.get("tls-server-name") or None,
         cert_file=cert_file, key_file=key_file,
         proxy=cluster.get("proxy-url") or _environment_proxy(server, environ),
         source=f"kubeconfig {path}")
+
+
+def _check_ca(ca_file: str | None, ca_data: bytes | None, what: str,
+              fail: Callable[[object], ClientConfigError]) -> None:
+    """A CA that is not a certificate fails here, as the client's TLS context would fail
+    (loading certificates into a throw-away context has no other effect)."""
+    import ssl
+
+    for source, kwargs in (("certificate-authority", {"cafile": ca_file}),
+                           ("certificate-authority-data", {"cadata": (ca_data or b"").decode(errors="replace")})):
+        if not next(iter(kwargs.values())):
+            continue
+        try:
+            ssl.create_default_context().load_verify_locations(**kwargs)
+        except (ssl.SSLError, OSError, ValueError) as err:
+            where = f" {ca_file}" if source == "certificate-authority" else ""
+            raise fail(f"{what} {source}{where} is not a PEM certificate: "
+                       f"{getattr(err, 'reason', None) or err}") from err
 
 
 def _named(data: dict, section: str, key: str, name: object,

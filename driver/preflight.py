@@ -4,7 +4,8 @@ use, before it starts.
 Each problem becomes one ConfigError that names the option and says what is wrong (a
 file where a directory belongs, a read-only mount, a path under /proc, a kubeconfig that
 is not one), instead of a traceback from deep inside start-up. Missing directories are
-created, as the kubelet's own directories are on a fresh node.
+created, as the kubelet's own directories are on a fresh node, but only once every check
+passed: a rejected start leaves the host as it was.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from driver.kubeconfig import SERVICE_ACCOUNT, ClientConfigError, check_kubeconf
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
-def writable_directory(path: Path, option: str) -> None:
+def usable_directory(path: Path, option: str) -> None:
+    """Could the driver make and write this directory? Answered without creating anything:
+    the nearest existing ancestor must be a writable directory on a writable mount."""
     resolved = path.resolve()
     for virtual in VIRTUAL:
         if resolved == virtual or resolved.is_relative_to(virtual):
@@ -29,6 +32,25 @@ def writable_directory(path: Path, option: str) -> None:
                               "not a place for the driver's files")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path}: exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{option} {path}: cannot be created: {existing} is not a directory")
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise ConfigError(f"{option} {path}: is read-only" if existing == path else
+                          f"{option} {path}: cannot be created: {existing} is read-only")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: is not writable" if existing == path else
+                          f"{option} {path}: cannot be created: {existing} is not writable")
+
+
+def writable_directory(path: Path, option: str) -> None:
+    usable_directory(path, option)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -73,8 +95,8 @@ def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.e
     """The mistakes in the API server configuration that reading it shows, found by the
     loader the client uses (driver/kubeconfig.py), run dry. `dra-driver run` makes its
     client only after it has offered the kubelet its registration socket; what only making
-    the client finds (a CA that is not a certificate, an exec plugin that fails) is then
-    still one line and exit 2, but after start-up began."""
+    the client finds (a client certificate that is not PEM, an exec plugin that fails) is
+    then still one line and exit 2, but after start-up began."""
     try:
         if kubeconfig is None:
             in_cluster(environ, account)  # reads the service account, keeps nothing
@@ -84,16 +106,24 @@ def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.e
         raise ConfigError(str(err)) from err
 
 
+RUN_DIRECTORIES = (("kubelet_registrar_dir", "--kubelet-registrar-dir"),
+                   ("kubelet_plugins_dir", "--kubelet-plugins-dir"),
+                   ("state_dir", "--state-dir"), ("cdi_root", "--cdi-root"))
+
+
 def for_run(config: Config) -> None:
-    """`dra-driver run` writes into these; mock mode generates its own device trees."""
-    writable_directory(config.kubelet_registrar_dir, "--kubelet-registrar-dir")
-    writable_directory(config.kubelet_plugins_dir, "--kubelet-plugins-dir")
-    writable_directory(config.state_dir, "--state-dir")
-    writable_directory(config.cdi_root, "--cdi-root")
-    free_port(config.metrics_port, "--metrics-port")
-    free_port(config.healthz_port, "--healthz-port")
+    """`dra-driver run` writes into these; mock mode generates its own device trees.
+    Everything is checked before anything is made: a bad kubeconfig or a taken port leaves
+    the host as it was, no directory created (the directories last, and made only once
+    every check passed)."""
     for_discover(config)
     api_configuration(config.kubeconfig)
+    free_port(config.metrics_port, "--metrics-port")
+    free_port(config.healthz_port, "--healthz-port")
+    for attribute, option in RUN_DIRECTORIES:
+        usable_directory(getattr(config, attribute), option)
+    for attribute, option in RUN_DIRECTORIES:
+        writable_directory(getattr(config, attribute), option)
 
 
 def for_discover(config: Config) -> None:

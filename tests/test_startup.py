@@ -17,13 +17,14 @@ from tests.driverproc import DRIVER, DriverDirs
 from tests.inprocess import InProcessPlugin
 
 # A kubeconfig that reads well, so preflight passes it; making the client then finds that
-# its CA is not a certificate.
+# its client certificate and key (files that exist, written by dirs_with) are not PEM.
+# (A CA that is not a certificate is caught by preflight: tests/test_run_validates_first.py.)
 BAD_CA = """apiVersion: v1
 kind: Config
 current-context: c
 contexts: [{name: c, context: {cluster: k, user: u}}]
-clusters: [{name: k, cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: bm90IGEgY2VydGlmaWNhdGUK}}]
-users: [{name: u, user: {token: t}}]
+clusters: [{name: k, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {client-certificate: client.crt, client-key: client.key}}]
 """
 # Preflight sees this one: its context names a cluster the file does not have.
 DANGLING_CONTEXT = """apiVersion: v1
@@ -90,6 +91,8 @@ def dirs_with(kubeconfig_text: str) -> tuple[DriverDirs, Path]:
     dirs = DriverDirs.make()
     kubeconfig = dirs.root / "kubeconfig"
     kubeconfig.write_text(kubeconfig_text)
+    (dirs.root / "client.crt").write_text("not a certificate\n")
+    (dirs.root / "client.key").write_text("not a key\n")
     return dirs, kubeconfig
 
 

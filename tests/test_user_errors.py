@@ -61,7 +61,7 @@ def cases(tmp: Path):
     yield "state-dir under /proc", with_option(base, "--state-dir", "/proc/dra-state"), {}, \
         "--state-dir /proc/dra-state: is under /proc, a kernel file system"
     yield "registrar dir cannot be created", with_option(base, "--kubelet-registrar-dir", str(a_file / "sub")), {}, \
-        f"--kubelet-registrar-dir {a_file / 'sub'}: cannot be created: Not a directory"
+        f"--kubelet-registrar-dir {a_file / 'sub'}: cannot be created: {a_file} is not a directory"
     yield "plugins dir is a file", with_option(base, "--kubelet-plugins-dir", str(a_file)), {}, \
         f"--kubelet-plugins-dir {a_file}: exists and is not a directory"
     yield "same port twice", with_option(with_option(base, "--metrics-port", "9555"), "--healthz-port", "9555"), {}, \
