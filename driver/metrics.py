@@ -51,6 +51,7 @@ class _StateCollector(Collector):
 class Metrics:
     def __init__(self, driver: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.driver = driver
         self.devices: DeviceSeries | None = None
         self.requests = Counter(f"{PREFIX}_requests", "Kubelet DRA requests",
                                 ["method", "api"], registry=self.registry)
@@ -73,7 +74,7 @@ class Metrics:
         self.registry.register(_StateCollector(prepared, devices, health, nics_withheld))
 
     def watch_utilization(self, views: Callable[[], Iterable]) -> None:
-        self.devices = DeviceSeries(views)
+        self.devices = DeviceSeries(views, self.driver)
 
     def exposition(self) -> bytes:
         """What /metrics serves: the registry in the text format, then the per-device series."""

@@ -336,7 +336,8 @@ def test_dashboard_and_pod_monitor_render_when_enabled_and_query_what_the_driver
     validate_all([config_map])
     dashboard = json.loads(config_map["data"]["dra-accel-driver.json"])
     titles = {p["title"] for p in dashboard["panels"]}
-    assert {"Allocated vs idle per node", "Top idle claims", "SM utilization per claim"} <= titles
+    assert {"Allocated vs idle per node", "Top idle claims", "Kernel time per claim"} <= titles
+    assert "utilization_ratio" not in json.dumps(dashboard), "the deprecated names are not queried"
     # Every series a panel queries is one the driver exports, with labels it has.
     from tests.test_utilization import series_names
 

@@ -35,6 +35,8 @@ from tests.test_claim_status import ours, wait
 from tests.test_plugin_integration import GPU, GPU2, new_claim, result
 from tests.test_sysread import open_descriptors
 
+REPO = Path(__file__).resolve().parent.parent
+
 GIB = 1 << 30
 
 
@@ -230,8 +232,11 @@ def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_pa
     assert allocated[(GPU2, "uid-b", "s1")] == 1 and allocated[(GPU2, "uid-c", "s2")] == 1
     free = [k for k, v in allocated.items() if v == 0]
     assert free and all(uid == "" for _, uid, _ in free), "free devices: one series, no claim"
-    assert 0.2 <= series(metrics, "utilization_ratio")[(GPU, "uid-a", "")] <= 0.4
-    assert series(metrics, "utilization_peak_ratio")[(GPU, "uid-a", "")] == 0.4
+    assert 0.2 <= series(metrics, "kernel_active_ratio")[(GPU, "uid-a", "")] <= 0.4
+    assert series(metrics, "kernel_active_peak_ratio")[(GPU, "uid-a", "")] == 0.4
+    # The deprecated names carry the same values for one release.
+    assert series(metrics, "utilization_ratio") == series(metrics, "kernel_active_ratio")
+    assert series(metrics, "utilization_peak_ratio") == series(metrics, "kernel_active_peak_ratio")
     assert series(metrics, "memory_used_bytes")[(GPU, "uid-a", "")] == 10 * GIB
     assert series(metrics, "compute_processes")[(GPU, "uid-a", "")] == 1
     assert series(metrics, "power_watts")[(GPU, "uid-a", "")] == 70 + 3 * 40
@@ -250,14 +255,14 @@ def test_metrics_carry_the_claim_of_each_device_and_its_series_go_with_it(tmp_pa
     assert len([k for k in allocated if k[0] == GPU2]) == 1
 
 
-def by_the_library(views) -> bytes:
+def by_the_library(views, driver: str = "") -> bytes:
     """The same series as prometheus_client writes them: the reference for our exposition."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     families = {f: (CounterMetricFamily if f.counter else GaugeMetricFamily)(
         f"dra_driver_device_{f.name}", f.help, labels=list(devicemetrics.LABELS))
         for f in devicemetrics.FAMILIES}
-    for family, labels, value in devicemetrics.rows(views):
+    for family, labels, value in devicemetrics.rows(views, driver):
         families[family].add_metric(list(labels), value)
 
     class Families:
@@ -280,10 +285,10 @@ def test_device_series_are_written_as_prometheus_client_writes_them(tmp_path):
     assert kinds >= {"gpu", "nic", "fpga"}, kinds
     for step in range(3):
         views = monitor.views()
-        assert metrics.devices.render() == by_the_library(views), f"step {step}"
+        assert metrics.devices.render() == by_the_library(views, DRIVER), f"step {step}"
         records[:] = records[1:]  # a claim leaves: its series go, its device's free one comes
         monitor.tick()
-    assert len(metrics.devices._labels) == len(set((l) for _, l, _ in devicemetrics.rows(monitor.views())))
+    assert len(metrics.devices._labels) == len(set((l) for _, l, _ in devicemetrics.rows(monitor.views(), DRIVER)))
 
     odd = Holder("uid-odd", 'ns"x', "back\\slash\nnew line", share="s")
     views = [DeviceView(idle_sample(GPU, busy=True), (odd,), {"uid-odd": 1.5})]
@@ -352,7 +357,7 @@ def test_one_event_per_idle_period_and_none_for_admin_access(tmp_path):
     (event,) = events.posted
     assert (event.namespace, event.claim_name, event.claim_uid) == ("team-a", "train", "uid-a")
     assert (event.reason, event.action, event.type) == ("DeviceIdle", "Idle", "Normal")
-    assert event.note == f"GPU {GPU} idle for 30m; 0% SM, 312 MiB used"
+    assert event.note == f"GPU {GPU} idle for 30m; kernels active 0% of the time, 312 MiB used"
     for _ in range(3):
         clock.now += 600
         monitor.tick()
@@ -452,7 +457,7 @@ def test_an_idle_claim_gets_an_event_and_an_idle_condition_until_its_gpu_works(r
     (event,) = events
     assert event["regarding"]["uid"] == claim.uid and event["regarding"]["kind"] == "ResourceClaim"
     assert event["reason"] == "DeviceIdle" and event["metadata"]["namespace"] == "team-a"
-    assert event["note"].startswith(f"GPU {GPU} idle for ") and "0% SM, 312 MiB used" in event["note"]
+    assert event["note"].startswith(f"GPU {GPU} idle for ") and "kernels active 0% of the time, 312 MiB used" in event["note"]
     conditions = wait(lambda: len(ours(api, claim)[GPU]["conditions"]) == 2
                       and ours(api, claim)[GPU]["conditions"], "the Idle condition")
     ready, idle = conditions
@@ -525,10 +530,10 @@ def test_status_without_a_driver_says_so_and_still_lists_the_devices(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert f"no driver state at {tmp_path / 'none'} (--state-dir)" in shown.stderr
     header, *lines = shown.stdout.splitlines()
-    assert header.split() == ["DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "SM", "MEMORY",
+    assert header.split() == ["DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "KERNEL", "MEMORY",
                               "POWER", "PROCS", "IDLE"]
     migs = [line.split() for line in lines if line.startswith("mig-")]
-    assert migs and all(cols[6] == "-" for cols in migs), "MIG devices have no SM counter"
+    assert migs and all(cols[6] == "-" for cols in migs), "MIG devices have no kernel-time counter"
     assert not (tmp_path / "none").exists(), "status only reads"
 
 
@@ -543,3 +548,49 @@ def test_a_new_driver_process_replaces_health_a_previous_one_left_for_status():
         with InProcessPlugin(api, dirs, "mixed", "--utilization-interval", "0"):
             assert json.loads(stale.read_text()) == {}, "the old condition does not hold any more"
     dirs.cleanup()
+
+
+def labelled(metrics: Metrics, name: str) -> list[dict]:
+    return [dict(s.labels) for family in text_string_to_metric_families(metrics.exposition().decode())
+            for s in family.samples if s.name == f"dra_driver_device_{name}"]
+
+
+def test_series_carry_the_labels_dcgm_exporter_users_join_on(tmp_path):
+    """dcgm-exporter labels a GPU's series with its UUID (a MIG device's with the parent
+    GPU's UUID and GPU_I_ID) and, for DRA devices, dra_driver_name, dra_pool_name,
+    dra_device_name, dra_claim_namespace and dra_claim_name: ours carry the same, so that
+    `on(UUID)` or `on(dra_driver_name, dra_pool_name, dra_device_name)` joins them."""
+    node, inventory, records, clock, monitor, metrics = monitored(tmp_path)
+    held = {(s["dra_device_name"], s["dra_claim_name"]): s for s in labelled(metrics, "kernel_active_ratio")}
+    gpu = held[(GPU, "train")]
+    assert gpu["UUID"] == inventory.get(GPU).attributes["uuid"] and gpu["dra_driver_name"] == DRIVER
+    assert gpu["dra_pool_name"] == "node-a" and gpu["dra_claim_namespace"] == "team-a"
+    # A whole GPU has no GPU instance: the label is empty, which Prometheus stores as absent.
+    assert gpu["GPU_I_ID"] == ""
+    nic = next(s for s in labelled(metrics, "allocated") if s["kind"] == "nic")
+    assert nic["UUID"] == "" and nic["dra_device_name"] == nic["device"]
+
+    mig_node, mig_inventory = node_of(tmp_path / "mig", "a100-mig")
+    mig = next(d for d in mig_inventory.devices if d.kind is DeviceKind.MIG)
+    mig_monitor = UtilizationMonitor(Sampler(mig_node.nvml, mig_node.sysfs, lambda: mig_inventory),
+                                     IdleTracker(tmp_path / "mig-state", "me", 0.05, 1800),
+                                     lambda: [record("uid-m", mig.name)], "node-b")
+    mig_metrics = Metrics(DRIVER)
+    mig_metrics.watch_utilization(mig_monitor.views)
+    mig_monitor.tick()
+    (found,) = [s for s in labelled(mig_metrics, "memory_used_bytes") if s["device"] == mig.name]
+    assert found["UUID"] == mig.attributes["parentUUID"], "dcgm-exporter: the parent GPU's UUID"
+    assert found["GPU_I_ID"] == str(mig.attributes["gpuInstanceID"])
+    assert (found["dra_pool_name"], found["dra_claim_name"]) == ("node-b", "train")
+
+
+def test_the_kernel_time_is_not_called_sm_utilization():
+    """NVML's GPU utilization is the share of time a kernel ran; the metric says so, and the
+    old name that said "SM utilization" is marked deprecated in its help and the docs."""
+    families = {f.name: f for f in devicemetrics.FAMILIES}
+    assert "kernel" in families["kernel_active_ratio"].help and "not SM" in families["kernel_active_ratio"].help
+    for old in ("utilization_ratio", "utilization_peak_ratio"):
+        assert families[old].help.startswith("DEPRECATED")
+        doc = (REPO / "docs" / "utilization.md").read_text()
+        assert f"`dra_driver_device_{old}`" in doc and "deprecated" in doc.split(f"`dra_driver_device_{old}`")[1][:200]
+    assert "mean SM utilization" not in (REPO / "docs" / "utilization.md").read_text(), "the old wording"

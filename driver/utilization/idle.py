@@ -1,7 +1,7 @@
 """Idle periods: since when a claim has left its device idle, kept across restarts.
 
-A device is idle in a sample when its highest SM utilization sample since the last one is
-below the threshold (a short burst counts as busy), or, for a MIG device (NVML has no
+A device is idle in a sample when its highest NVML utilization sample since the last one (the
+share of time a kernel ran; not SM activity) is below the threshold (a short burst counts as busy), or, for a MIG device (NVML has no
 utilization counter for one), when it runs no compute process. A sample that could not be
 taken neither starts nor ends a period. Periods belong to (device, claim): a claim that
 takes an idle device starts its own. Admin-access claims (monitoring beside a workload)

@@ -21,7 +21,7 @@ import structlog
 from driver.checkpoint import ClaimRecord, State
 from driver.claims import ClaimRef
 from driver.claimstatus import StatusWriter
-from driver.devices.model import DeviceKind
+from driver.devices.model import Device, DeviceKind, Inventory
 from driver.kube import ApiError
 from driver.utilization.events import ClaimEvent, EventRecorder, micro_time
 from driver.utilization.idle import Holder, IdleTracker, Period
@@ -35,6 +35,22 @@ class DeviceView:
     sample: Sample
     holders: tuple[Holder, ...] = ()
     idle_seconds: dict[str, float] = field(default_factory=dict)  # claim uid -> seconds
+    # What dcgm-exporter labels the same device with, for joins (driver/devicemetrics.py):
+    # the GPU's UUID (a MIG device's parent's), a MIG device's GPU instance, the DRA pool.
+    uuid: str = ""
+    gpu_instance: str = ""
+    pool: str = ""
+
+
+def _ids(device: Device | None) -> tuple[str, str]:
+    """(UUID, GPU_I_ID) as dcgm-exporter labels the device: a MIG device by its parent
+    GPU's UUID and its GPU instance; a partition not yet created has no instance."""
+    if device is None or device.kind not in (DeviceKind.GPU, DeviceKind.MIG):
+        return "", ""
+    if device.kind is DeviceKind.MIG:
+        instance = device.attributes.get("gpuInstanceID")
+        return str(device.attributes.get("parentUUID") or ""), "" if instance is None else str(instance)
+    return str(device.attributes.get("uuid") or ""), ""
 
 
 @dataclass(frozen=True)
@@ -72,8 +88,8 @@ def duration(seconds: float) -> str:
 
 def idle_message(sample: Sample, idle_seconds: float) -> str:
     what = "MIG device" if sample.kind is DeviceKind.MIG else "GPU"
-    if sample.utilization is not None:
-        activity = f"{round(sample.utilization * 100)}% SM"
+    if sample.utilization is not None:  # NVML's share of time a kernel ran
+        activity = f"kernels active {round(sample.utilization * 100)}% of the time"
     else:
         activity = "no compute processes"
     used = f", {sample.memory_used // MIB} MiB used" if sample.memory_used is not None else ""
@@ -95,6 +111,7 @@ class UtilizationMonitor:
         self.leader = leader
         self.clock = clock
         self._last: _Tick | None = None  # replaced whole: views() on another thread needs no lock
+        self._ids: tuple[Inventory, dict[str, tuple[str, str]]] | None = None
         self.samples_taken = 0
         self.log = structlog.get_logger(component="utilization")
 
@@ -122,13 +139,25 @@ class UtilizationMonitor:
         if last is None:
             return ()
         samples = self.sampler.completed(last.samples, self.clock())
+        ids = self._ids_of(self.sampler.inventory())
 
         def view(name: str, sample: Sample) -> DeviceView:
             holders = tuple(last.held.get(name, ()))
+            uuid, instance = ids.get(name, ("", ""))
             return DeviceView(sample, holders, {h.uid: self.tracker.idle_for(name, h.uid, last.at)
-                                                for h in holders})
+                                                for h in holders}, uuid, instance, self.pool)
 
         return tuple(view(name, sample) for name, sample in sorted(samples.items()))
+
+    def _ids_of(self, inventory: Inventory) -> dict[str, tuple[str, str]]:
+        """Each GPU's and MIG device's (UUID, GPU_I_ID), kept while the inventory is the same
+        object (rediscovery replaces it only when it changed)."""
+        known = self._ids
+        if known is not None and known[0] is inventory:
+            return known[1]
+        ids = {d.name: _ids(d) for d in inventory.devices if d.kind in (DeviceKind.GPU, DeviceKind.MIG)}
+        self._ids = (inventory, ids)
+        return ids
 
     def _report(self, period: Period, sample: Sample | None, now: float) -> None:
         if sample is None:

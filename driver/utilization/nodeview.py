@@ -135,7 +135,8 @@ def _cell(value: Any, unit: str = "") -> str:
 
 
 def table(found: list[Row]) -> str:
-    header = ("DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "SM", "MEMORY", "POWER", "PROCS",
+    # KERNEL: the share of time a kernel ran (NVML's GPU utilization), not SM activity.
+    header = ("DEVICE", "KIND", "HEALTH", "CLAIM", "PODS", "SHARE", "KERNEL", "MEMORY", "POWER", "PROCS",
               "IDLE")
     lines = [header]
     for r in found:

@@ -1,7 +1,8 @@
 """What each device is doing now: GPUs and MIG devices from NVML (every tick of the
 monitor), NICs' counters from sysfs (when metrics are scraped), or all at once (`status`).
 
-GPUs: SM utilization from NVML's sample buffer (`nvmlDeviceGetSamples`, every sample the
+GPUs: NVML's GPU utilization (the share of time one or more kernels ran, not how much of
+the SMs they used) from its sample buffer (`nvmlDeviceGetSamples`, every sample the
 driver took since the last read: a 2 s burst between two 10 s reads is seen), falling back
 to `nvmlDeviceGetUtilizationRates` (the last sample period only); memory used and total;
 power; the number of compute processes. A GPU in MIG mode and its MIG devices have no
@@ -35,7 +36,8 @@ class Sample:
     device: str
     kind: DeviceKind
     at: float  # unix seconds
-    utilization: float | None = None  # mean SM utilization since the last sample, 0..1
+    # NVML's GPU utilization: the share of time a kernel ran, mean since the last sample, 0..1
+    utilization: float | None = None
     peak: float | None = None  # the highest single sample in that time, 0..1
     memory_used: int | None = None  # bytes
     memory_total: int | None = None
