@@ -348,3 +348,64 @@ def test_dashboard_and_pod_monitor_render_when_enabled_and_query_what_the_driver
                 assert name in exported, (panel["title"], name)
     with pytest.raises(Exception, match="metrics.port"):
         render({"metrics": {"port": 0, "podMonitor": {"enabled": True}}})
+
+
+def _notes(values: dict | None = None) -> str:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values or {}, name="dra", namespace="dra-system", is_install=True)
+    return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+
+
+def test_the_notes_say_where_the_pods_run_and_how_to_check():
+    """Issue 29.8: the notes said "running on every node" while the DaemonSet runs only on
+    nodes with Node Feature Discovery's labels."""
+    notes = _notes()
+    assert "every node" not in notes.split("\n\n")[0].splitlines()[0]
+    assert "only on the nodes that Node Feature Discovery (or you) labels" in notes
+    assert "feature.node.kubernetes.io/pci-0302_10de.present" in notes
+    assert "kubectl get pods -n dra-system -l app.kubernetes.io/instance=dra -o wide" in notes
+    assert "kubectl get nodes -L feature.node.kubernetes.io/pci-0302_10de.present" in notes
+    assert "acceleratorNodes.enabled=false" in notes
+    assert "on every node, with mock devices (mixed)" in _notes({"mock": {"enabled": True}})
+    assert "on every node that matches nodeSelector" in _notes(
+        {"acceleratorNodes": {"enabled": False}, "nodeSelector": {"pool": "gpu"}})
+    assert "on the nodes your affinity value selects" in _notes({"affinity": {"nodeAffinity": {}}})
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"acceleratorNodes": {"labels": []}}, "acceleratorNodes.labels and acceleratorNodes.extraLabels are both empty"),
+    ({"acceleratorNodes": {"labels": None}}, "acceleratorNodes.labels and acceleratorNodes.extraLabels are both empty"),
+    ({"metrics": {"port": 9401}}, "metrics.port and healthz.port are both 9401"),
+    ({"metrics": {"port": 8080}, "healthz": {"port": 8080}}, "metrics.port and healthz.port are both 8080"),
+])
+def test_values_that_could_not_run_fail_the_render(values, fragment):
+    with pytest.raises(Exception) as caught:
+        render(values)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("values", [
+    {"acceleratorNodes": {"labels": [], "extraLabels": ["example.com/accel"]}},
+    {"acceleratorNodes": {"labels": [], "enabled": False}},
+    {"acceleratorNodes": {"labels": []}, "mock": {"enabled": True}},
+    {"acceleratorNodes": {"labels": []}, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}]}}}},
+    {"metrics": {"port": 0, "podMonitor": {"enabled": False}}, "healthz": {"port": 9401}},
+])
+def test_neighbours_of_those_values_render_valid(values):
+    objects = render(values)
+    validate_all(objects)
+    ds, _, _ = container(objects)
+    terms = ((ds["spec"]["template"]["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": ["any"]})["nodeSelectorTerms"]
+    assert terms, "never an empty or null nodeSelectorTerms"
+
+
+def test_an_offline_render_gives_v1_device_classes():
+    """`helm template` asks no cluster: Helm knows API groups then, but no kinds. The
+    DeviceClasses are resource.k8s.io/v1 (1.34+), not v1beta1 (removed in 1.38)."""
+    classes = by_kind(render(), "DeviceClass")
+    assert {c["apiVersion"] for c in classes} == {"resource.k8s.io/v1"}
+    validate_all(classes)
+    explicit = by_kind(render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1beta1"}}), "DeviceClass")
+    assert {c["apiVersion"] for c in explicit} == {"resource.k8s.io/v1beta1"}

@@ -30,7 +30,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The newest resource.k8s.io version the cluster serves, unless set explicitly. */}}
+{{/* The newest resource.k8s.io version the cluster serves, unless set explicitly. Where
+no cluster was asked (`helm template` without --validate: Helm then knows API groups but
+no kinds), resource.k8s.io/v1, the version every supported cluster serves from 1.34 on;
+v1beta1 is for 1.32 and 1.33 clusters, which say so. */}}
 {{- define "dra.resourceApiVersion" -}}
 {{- if .Values.deviceClasses.apiVersion -}}
 {{- .Values.deviceClasses.apiVersion -}}
@@ -38,9 +41,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 resource.k8s.io/v1
 {{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2/DeviceClass" -}}
 resource.k8s.io/v1beta2
-{{- else -}}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta1/DeviceClass" -}}
 resource.k8s.io/v1beta1
+{{- else -}}
+resource.k8s.io/v1
 {{- end -}}
+{{- end -}}
+
+{{/* Values that would render a DaemonSet that cannot run: fail the render instead, with
+what to change. */}}
+{{- define "dra.validate" -}}
+{{- if and .Values.metrics.port (eq (int .Values.metrics.port) (int .Values.healthz.port)) }}
+{{- fail (printf "metrics.port and healthz.port are both %d: the driver serves /metrics and its probes on two ports and would stop at start (port in use); pick another port, or metrics.port=0 to disable metrics" (int .Values.healthz.port)) }}
+{{- end }}
+{{- if and .Values.acceleratorNodes.enabled (not .Values.mock.enabled) (not .Values.affinity) }}
+{{- if not (concat (.Values.acceleratorNodes.labels | default list) (.Values.acceleratorNodes.extraLabels | default list)) }}
+{{- fail "acceleratorNodes.labels and acceleratorNodes.extraLabels are both empty: the DaemonSet's node affinity would match no node. Name a node label, or set acceleratorNodes.enabled=false to run on every node (nodeSelector and affinity still apply)" }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/*
