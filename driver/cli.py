@@ -31,10 +31,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default, unless it has none (None) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
     from driver.devices.mock import builtin_profiles
 
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = _Defaults
     top = _Parser(prog="dra-driver", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
     top.add_argument("--version", action="version", version=f"dra-driver {__version__}")

@@ -298,13 +298,16 @@ def _mps_start_seconds(value: str, source: str) -> float:
 
 
 def _seconds_or_off(value: str, source: str) -> float:
-    """0 (off), or seconds as _seconds takes them."""
+    """0 (off), or seconds as _seconds takes them; the message says that 0 is taken too."""
     try:
         if float(value) == 0:
             return 0.0
     except ValueError:
         pass
-    return _seconds(value, source)
+    try:
+        return _seconds(value, source)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (or 0 for off)") from None
 
 
 def _percent(value: str, source: str) -> float:

@@ -279,6 +279,7 @@ class Demo:
                     taken: set[str] = set()
                     ran: set[str] = set()
                     skipped: list[str] = []
+                    placed: dict[str, set[str]] = {}  # claim -> its devices
                     problems: list[str] = []
                     for claim in self.claims:
                         if claim.instead_of and ran & set(claim.instead_of):
@@ -296,6 +297,15 @@ class Demo:
                                 problems.append(f"claim {claim.name} cannot be allocated on profile "
                                                 f"{self.profile}: {error}")
                                 self.out(f"\n== claim {claim.name}: {claim.what}\n   not allocated: {error}")
+                            elif not claim.instead_of and self.profile in claim.fits.split(", "):
+                                # Meant for this profile, yet it does not fit (another
+                                # --mig-mode, say): the allocator's reason, not the hint.
+                                why = str(error)
+                                if self.mig_mode == "dynamic":
+                                    why = (f"it fits {self.profile} with --mig-mode static; in dynamic "
+                                           "mode the driver leaves MIG devices it did not create alone "
+                                           f"and publishes none of them: {error}")
+                                skipped.append(f"{claim.name} ({why})")
                             elif not claim.instead_of:
                                 skipped.append(f"{claim.name} (fits {claim.fits})")
                             continue
@@ -306,7 +316,8 @@ class Demo:
                         self.ours.append(ref.uid)
                         api.put_claim(claim_allocated(ref.namespace, ref.name, ref.uid, results,
                                                       allocation_config(spec, self.driver)))
-                        self.out(f"\n== claim {claim.name}: {claim.what}")
+                        placed[claim.name] = {r["device"] for r in results}
+                        self.out(f"\n== claim {claim.name}: {claim.what}{_beside(claim, placed)}")
                         self.out("   allocated: " + ", ".join(f"{r['request']} -> {r['device']}{_share(r)}"
                                                          for r in results))
                         with _grpc():
@@ -320,7 +331,8 @@ class Demo:
                         self.out("   prepared: " + ", ".join(cdi_ids))
                         self.show(rootfs, ref, cdi_ids, problems, claim.name)
                     if skipped:
-                        self.out(f"\n== not on profile {self.profile}: {', '.join(skipped)}")
+                        mode = " with --mig-mode dynamic" if self.mig_mode == "dynamic" else ""
+                        self.out(f"\n== not on profile {self.profile}{mode}: {', '.join(skipped)}")
                     self.out("")
                     if not ran:
                         problems.append(f"no claim fits profile {self.profile}")
@@ -462,6 +474,15 @@ def _main(profile: str, driver: str, out: Callable[[str], None], claim_file: Pat
     demo = Demo(profile, driver, out, err, claims, classes, from_file=claim_file is not None,
                 cdi_root=cdi_root or SYSTEM_CDI, mig_mode=mig_mode)
     return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
+
+
+def _beside(claim: DemoClaim, placed: dict[str, set[str]]) -> str:
+    """', beside share-a' when it landed on share-a's GPU; else where it went instead."""
+    if not claim.beside or claim.beside not in placed:
+        return ""
+    if placed[claim.name] & placed[claim.beside]:
+        return f", beside {claim.beside}"
+    return f", on another GPU than {claim.beside} (no room left beside it)"
 
 
 def _share(result: dict) -> str:

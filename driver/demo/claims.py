@@ -29,6 +29,8 @@ class DemoClaim:
     fits: str = ""
     # The file says it cannot be allocated (annotation accel.dra.io/demo-expect: pending).
     expect_pending: bool = False
+    # A claim this one is meant to share a GPU with: the header says whether it did.
+    beside: str = ""
 
 
 def _request(name: str, kind: str, *selectors: str) -> dict:
@@ -65,8 +67,8 @@ BUILTIN: tuple[DemoClaim, ...] = (
     # Two claims packed onto one GPU, each with its own memory and compute limit (MPS).
     DemoClaim("share-a", "20Gi and 30% of a GPU", {"devices": {"requests": [
         _share("gpu", memory="20Gi", compute="30")]}}, fits="mixed, h100x8, l4"),
-    DemoClaim("share-b", "30Gi and 50% of a GPU, beside share-a", {"devices": {"requests": [
-        _share("gpu", memory="30Gi", compute="50")]}}, fits="mixed, h100x8"),
+    DemoClaim("share-b", "30Gi and 50% of a GPU", {"devices": {"requests": [
+        _share("gpu", memory="30Gi", compute="50")]}}, fits="mixed, h100x8", beside="share-a"),
     # Fallbacks, so that every profile shows something of each kind it has.
     DemoClaim("one-gpu", "one GPU", {"devices": {"requests": [_request("gpu", "gpu")]}},
               instead_of=("gpu-nic-aligned",)),

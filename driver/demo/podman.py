@@ -9,11 +9,13 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-# What the demo's containers print: the env the CDI specs set, the device nodes, and the
-# mock nvidia-smi the driver's CDI mounts bring in.
+# What the demo's containers print: the env the CDI specs set, the device nodes, the MPS
+# pipe directory of a container given one (the rootfs is shared, so an empty mount point an
+# earlier container left is no sign of MPS), and the mock nvidia-smi the driver's CDI
+# mounts bring in.
 SHOW = ("env | grep '^DRA_\\|^NCCL\\|^CUDA_MPS' | sort; "
         "ls /dev/nvidia* /dev/infiniband/* /dev/dri/* /dev/dfl* 2>/dev/null; "
-        "[ -d /tmp/nvidia-mps ] && echo MPS pipe directory: $(ls /tmp/nvidia-mps); "
+        "[ -n \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo MPS pipe directory: $(ls $CUDA_MPS_PIPE_DIRECTORY); "
         "[ -x /usr/local/nvidia/bin/nvidia-smi ] && /usr/local/nvidia/bin/nvidia-smi; true")
 
 
