@@ -74,3 +74,26 @@ def test_the_mig_dynamic_readme_says_how_explain_sees_too_many():
     code, out, _ = run("-f", str(REPO / "examples" / "mig-dynamic" / "claim.yaml"), "--mock", "h100x8",
                        "--mig-mode", "dynamic")
     assert code == 0 and "Claim default/too-many (ResourceClaim from claim.yaml): fits" in out
+
+
+def test_the_readme_shows_the_demo_line_for_line():
+    """The README's demo output is what `dra-driver demo` prints here (where containers
+    run), with ports, PIDs and UIDs written as placeholders."""
+    import re
+
+    if podman_ready() is not None:
+        pytest.skip(f"the README shows containers; podman cannot run here: {podman_ready()}")
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("Output (CI runs it too):\n\n```\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run([sys.executable, "-m", "driver", "demo"], capture_output=True, text=True,
+                          timeout=180, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert done.returncode == 0, done.stderr
+
+    def normal(text: str) -> list[str]:
+        text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+        text = re.sub(r"/tmp/dra-demo-\d+-\w+", "/tmp/dra-demo-PID-XXXX", text)
+        text = re.sub(r"demo-\d+-[0-9a-f-]{36}", "demo-PID-UID", text)
+        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "SHAREID", text)
+        return text.strip().splitlines()
+
+    assert normal(done.stdout) == normal(block)
