@@ -22,7 +22,9 @@ deletes carry the UID and resourceVersion we saw, so a slice re-created meanwhil
 
 During a seamless upgrade two instances run; only the newest live one writes
 (`newer_instance`), the older stands by and takes over again if the newer one goes. With
-an unchanged inventory neither writes anything.
+an unchanged inventory neither writes anything, unhealthy devices included: a starting
+instance publishes nothing before its first health pass (`health_ready`), and a taint that
+is already published on the same device keeps its timeAdded.
 
 A watch on our slices triggers a reconcile whenever someone else deletes or edits one
 (the kubelet deletes a driver's slices at its start and after the driver disconnects), and
@@ -499,9 +501,10 @@ class Publisher:
         index: dict[str, dict[tuple, str]] = {}
         for obj in existing.values():
             for device in (obj.get("spec") or {}).get("devices") or []:
-                if not isinstance(device, dict):
-                    continue
-                found = device.get("basic", device).get("taints")
+                body = device.get("basic", device) if isinstance(device, dict) else None
+                if not isinstance(body, dict):
+                    continue  # someone else's malformed entry: nothing to keep from it
+                found = body.get("taints")
                 if not isinstance(found, list):
                     continue
                 times = {_taint_key(t): t["timeAdded"] for t in found
