@@ -232,7 +232,7 @@ class MigPartitions:
             status = nv.nvmlDeviceSetMigMode(parent, nv.NVML_DEVICE_MIG_ENABLE)
         except nv.NVMLError as err:
             self.records.remove(device.name)
-            undo = self._undo_mode_change(nv, uuid)
+            undo = self._undo_mode_change(nv, uuid, changed=False)
             if isinstance(err, nv.NVMLError_InUse):
                 raise MigError(f"{where}: NVML says the GPU is in use ({self._users(nv, parent, uuid)})"
                                f"{undo}") from err
@@ -241,7 +241,7 @@ class MigPartitions:
         current, pending = nv.nvmlDeviceGetMigMode(parent)
         if status != nv.NVML_SUCCESS or current != nv.NVML_DEVICE_MIG_ENABLE:
             self.records.remove(device.name)
-            undo = self._undo_mode_change(nv, uuid)
+            undo = self._undo_mode_change(nv, uuid, changed=True)
             said = nv.nvmlErrorString(status) if status != nv.NVML_SUCCESS else "MIG mode pending"
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")
@@ -278,11 +278,19 @@ class MigPartitions:
         return sorted({f"{r.namespace}/{r.name}" for r in self.claims()
                        if r.state is State.PREPARE_COMPLETED and any(d.device in names for d in r.devices)})
 
-    def _undo_mode_change(self, nv: Any, uuid: str) -> str:
-        """After a failed enable: MIG mode as it was, and the marker gone with it. An undo
-        that fails leaves the marker, for the reconcile; the text says so."""
+    def _undo_mode_change(self, nv: Any, uuid: str, changed: bool) -> str:
+        """After a failed enable: MIG mode as it was, and the marker gone with it. A call
+        NVML refused changed nothing; one that left the enable pending is cancelled. Only
+        what this call did is undone: a mode someone else set meanwhile stays. An undo that
+        fails leaves the marker, for the reconcile; the text says so."""
         try:
-            self._reconcile_marker(nv, uuid)
+            if changed:
+                parent = self._parent(nv, uuid)
+                current, pending = nv.nvmlDeviceGetMigMode(parent)
+                if pending == nv.NVML_DEVICE_MIG_ENABLE and current != nv.NVML_DEVICE_MIG_ENABLE:
+                    nv.nvmlDeviceSetMigMode(parent, nv.NVML_DEVICE_MIG_DISABLE)
+                    self.log.info("mig_mode_pending_enable_cancelled", gpu=uuid)
+            atomic.remove(self._enabled_marker(uuid))
         except nv.NVMLError as err:
             self.log.warning("mig_mode_undo_failed", gpu=uuid, error=str(err))
             return f"; undoing it failed ({err}), the periodic reconcile tries again"
