@@ -318,3 +318,27 @@ def test_leftovers_of_a_killed_demo_are_removed_at_the_next_start(tmp_path):
     (said,) = [line for line in out if "container(s) of an earlier demo run" in line]
     assert f"dra-demo-{dead}-1" in said and f"dra-demo-{dead}-2" in said
     assert _leftovers(dead) == []
+
+
+def test_a_demo_run_inside_another_program_keeps_its_specs_and_containers(tmp_path):
+    """A demo run in-process by a test session has no 'demo' in its command line: the lock
+    on its work directory says it runs, so another demo's start leaves its things alone
+    (two test sessions at once on one machine)."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, pathlib, sys, time\n"
+        "work = pathlib.Path(f'/tmp/dra-demo-{os.getpid()}-held'); work.mkdir()\n"
+        "f = open(work / '.running', 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('ready', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        cdi_root = tmp_path / "cdi"
+        cdi_root.mkdir()
+        theirs = cdi_root / f"accel.dra.io-claim_demo-{holder.pid}-0badc0de.json"
+        theirs.write_text("{}")
+        code, out, err = _demo("--profile", "alveo", cdi_root=cdi_root)
+        assert code == 0, out + err
+        assert theirs.exists(), "a running demo's spec is not stale"
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(f"/tmp/dra-demo-{holder.pid}-held", ignore_errors=True)

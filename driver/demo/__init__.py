@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -127,15 +128,30 @@ def _running_demo(spec: Path, driver: str) -> bool:
     return pid.isdigit() and _demo_alive(int(pid))
 
 
+RUNNING = ".running"  # in the work directory, locked while that demo runs
+
+
 def _demo_alive(pid: int) -> bool:
-    """Is process `pid` another demo that still runs (not this one, not a recycled PID)?"""
+    """Is process `pid` another demo that still runs (not this one, not a recycled PID)?
+    A `dra-driver demo` says so in its command line; a demo run inside another program
+    (a test session) by the lock it holds on its work directory's RUNNING file."""
     if pid == os.getpid():
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"demo" in cmdline
+    if b"demo" in cmdline:
+        return True
+    for marker in Path("/tmp").glob(f"dra-demo-{pid}-*/{RUNNING}"):
+        try:
+            with open(marker) as held:
+                fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass
@@ -250,6 +266,8 @@ class Demo:
         keep_log = False
         kubelet = None
         prepared: list[Claim] = []
+        running = open(self.work / RUNNING, "w")  # noqa: SIM115 (held until the end)
+        fcntl.flock(running, fcntl.LOCK_EX)
         try:
             with ApiServer() as api, PodRunner(api, NODE, self.work / "pods"):
                 try:
@@ -376,6 +394,7 @@ class Demo:
                     self.stop_driver(grace=5)
         finally:
             self.remove_our_specs()
+            running.close()
             if keep_log:
                 self.err(f"dra-driver demo: driver log kept in {self.log_file}")
             else:
