@@ -102,7 +102,7 @@ def test_demo_claim_runs_every_example(name):
     assert code == 0, "\n".join(out + err)
     text = "\n".join(out)
     assert "prepared:" in text and "CDI specs left: 0" in text
-    if podman_ready() is None:
+    if podman_ready() is None or os.environ.get("CI"):  # CI installs podman: it must run there
         assert text.count("container saw:") == text.count("prepared:"), text
     readme = (REPO / "examples" / name / "README.md").read_text()
     assert f"dra-driver demo --claim examples/{name}/claim.yaml --profile {profile}" in readme
