@@ -1,4 +1,4 @@
-"""Differential check of `dra-driver explain` against the real structured allocator
+"""Differential check of `dra-driver explain` (and the demo allocator) against the real structured allocator
 (issue 32): a seeded generator of scenarios (pools on several nodes and on every node,
 incomplete and invalid pools, shared counters, consumable capacity, taints and
 tolerations, firstAvailable, matchAttribute / distinctAttribute constraints, allocationMode
@@ -132,7 +132,8 @@ def _pool(rng: random.Random, driver: str, pool: str, node: str | None) -> list[
         slices.append({"devices": devices})
     rng.shuffle(slices)  # the scheduler sorts slices by name; the listing order is not that
     objects = []
-    names = [f"{pool}-{chr(ord('a') + i)}" for i in range(len(slices))]
+    prefix = pool if driver == DRIVER else f"{driver.split('.')[0]}-{pool}"
+    names = [f"{prefix}-{chr(ord('a') + i)}" for i in range(len(slices))]
     rng.shuffle(names)
     for name, spec in zip(names, slices):
         objects.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
@@ -150,7 +151,7 @@ def _pool(rng: random.Random, driver: str, pool: str, node: str | None) -> list[
 
 
 def _request(rng: random.Random, name: str, classes: list[str]) -> dict:
-    def exactly() -> dict:
+    def exactly(sub: bool = False) -> dict:
         spec: dict = {"deviceClassName": rng.choice(classes)}
         # As the API server stores it: allocationMode and count defaulted.
         if rng.random() < 0.15:
@@ -170,11 +171,11 @@ def _request(rng: random.Random, name: str, classes: list[str]) -> dict:
         if rng.random() < 0.2:
             spec["capacity"] = {"requests": {rng.choice(["memory", "memory", "memory", "cores"]):
                                              rng.choice(["2Gi", "4Gi", "6Gi", "12Gi"])}}
-        if rng.random() < 0.05:
-            spec["adminAccess"] = True
+        if rng.random() < 0.05 and not sub:
+            spec["adminAccess"] = True  # (a subrequest has no such field)
         return spec
     if rng.random() < 0.25:
-        return {"name": name, "firstAvailable": [{"name": f"s{i}", **exactly()} for i in range(rng.randint(1, 3))]}
+        return {"name": name, "firstAvailable": [{"name": f"s{i}", **exactly(True)} for i in range(rng.randint(1, 3))]}
     return {"name": name, "exactly": exactly()}
 
 
@@ -292,6 +293,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first scenario's seed")
     parser.add_argument("--oracle", help="a built hack/allocator-oracle (default: build it)")
     parser.add_argument("--keep", action="store_true", help=f"add disagreements to {REGRESSIONS.name}")
+    parser.add_argument("--demo", action="store_true", help="compare the demo allocator too")
     args = parser.parse_args()
     binary = Path(args.oracle) if args.oracle else build_oracle()
     if binary is None:
@@ -303,6 +305,15 @@ def main() -> int:
     finally:
         oracle.close()
     print(json.dumps({"seeds": f"{args.seed}..{args.seed + args.count - 1}", **result["counts"]}))
+    if args.demo:
+        oracle = Oracle(binary)
+        try:
+            demo = compare_demo(oracle, range(args.seed, args.seed + args.count))
+        finally:
+            oracle.close()
+        print(json.dumps({"demo allocator": demo["counts"]}))
+        for example in demo["examples"]:
+            print(json.dumps(example))
     for item in result["disagreements"][:5]:
         print(json.dumps(item["finding"]))
     if args.keep and result["disagreements"]:
@@ -320,9 +331,89 @@ def main() -> int:
         finally:
             oracle.close()
         REGRESSIONS.write_text(json.dumps(kept, indent=1) + "\n")
-    return 1 if result["disagreements"] else 0
+    return 1 if result["disagreements"] or (args.demo and demo["counts"]["disagree"]) else 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONHASHSEED", "0")
     sys.exit(main())
+
+
+# -- the demo allocator -----------------------------------------------------------------------------------
+def demo_answer(sc: dict, node: str) -> dict | None:
+    """The demo allocator's answer (driver/sim/allocator.py), for the scenarios it models:
+    one pool of one driver on the node, no allocationMode All, no admin access, no pool
+    that the scheduler refuses; None for the others."""
+    from driver import quantity
+    from driver.devices.model import Device, DeviceKind, Inventory, Version
+    from driver.sim import allocator
+
+    world = w.build(sc["slices"])
+    on_node = world.on_node(node)
+    if world.unusable_pools or {(d.driver, d.pool) for d in on_node} != {(DRIVER, node)}:
+        return None
+    requests = sc["claim"]["spec"]["devices"]["requests"]
+    for r in requests:
+        for spec in r.get("firstAvailable") or [r.get("exactly")]:
+            if spec.get("allocationMode") == "All" or spec.get("adminAccess"):
+                return None
+    shares, counters = allocator.Shares(), allocator.Counters()
+    for (driver, pool, name), totals in world.counter_sets.items():
+        if (driver, pool) == (DRIVER, node):
+            counters.totals[name] = dict(totals)
+    devices, taints = [], {}
+    for d in on_node:
+        attributes = {}
+        for key, value in d.attributes.items():
+            (kind, v), = value.items()
+            attributes[key] = Version(v) if kind == "version" else v
+        devices.append(Device(d.name, DeviceKind.GPU, attributes, {k: c["value"] for k, c in d.capacity.items()}))
+        if d.consumes:
+            counters.consumes[d.name] = {s: dict(c) for s, c in d.consumes.items()}
+        if d.multiple:
+            shares.capacity[d.name] = d.capacity
+        if d.taints:
+            taints[d.name] = list(d.taints)
+    taken: set[str] = set()
+    for claim in sc["allocated"]:
+        for result in claim["status"]["allocation"]["devices"]["results"]:
+            if (result["driver"], result["pool"]) != (DRIVER, node):
+                continue
+            if result.get("consumedCapacity") and result["device"] in shares.capacity:
+                shares.take(result["device"], {k: quantity.value(v) for k, v in result["consumedCapacity"].items()})
+            else:
+                taken.add(result["device"])
+            counters.take(result["device"])
+    classes = {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"].get("selectors") or []]
+               for c in sc["classes"]}
+    spec = json.loads(json.dumps(sc["claim"]["spec"]))
+    for r in spec["devices"]["requests"]:
+        for sub in r.get("firstAvailable") or []:
+            sub.setdefault("count", 1)
+    try:
+        choices = allocator.allocate(spec, Inventory(tuple(devices)), classes, DRIVER, taken, shares, counters, taints,
+                                     order=[d.name for d in devices])
+    except allocator.Unsatisfiable as error:
+        return {"fits": False, "why": str(error)}
+    return {"fits": True, "devices": [(c.request, node, d.name) for c in choices for d in c.devices]}
+
+
+def compare_demo(oracle: Oracle, seeds) -> dict:
+    counts = {"agree": 0, "cel-error": 0, "disagree": 0, "not-modelled": 0}
+    examples = []
+    for seed in seeds:
+        sc = scenario(seed)
+        for node in sc["nodes"]:
+            ours = demo_answer(sc, node)
+            if ours is None:
+                counts["not-modelled"] += 1
+                continue
+            theirs = oracle_answer(oracle, sc, node)
+            if "CEL runtime error" in ours.get("why", ""):
+                counts["cel-error"] += 1  # as explain, it evaluates every device: the deliberate difference
+                continue
+            same = ours["fits"] == theirs["fits"] and ours.get("devices") == theirs.get("devices")
+            counts["agree" if same else "disagree"] += 1
+            if not same and len(examples) < 5:
+                examples.append({"seed": seed, "node": node, "demo": ours, "scheduler": theirs})
+    return {"counts": counts, "examples": examples}

@@ -86,3 +86,10 @@ def test_selectors_agree_with_the_real_library_device_by_device(oracle, expressi
                     ours = "error"
                 theirs = "error" if answer.get("error") or answer.get("compileError") else answer["result"]
                 assert ours == theirs, (raw["name"], answer)
+
+
+def test_the_demo_allocator_agrees_with_the_scheduler(oracle):
+    # where it models the scenario: one pool of one driver on the node, no All, no admin access
+    result = diff.compare_demo(oracle, range(1, COUNT + 1))
+    assert result["counts"]["agree"] > 0
+    assert result["counts"]["disagree"] == 0, json.dumps(result["examples"], indent=1)

@@ -103,7 +103,8 @@ def requests(claim: str, spec: dict) -> list[tuple[str, list[Alternative]]]:
             subs = request["firstAvailable"]
             if not isinstance(subs, list) or not subs:
                 raise ClaimError(f"claim {claim}: request {name}: firstAvailable is empty")
-            out.append((name, [_alternative(claim, f"{name}/{s.get('name', i)}", s)
+            # A subrequest has no adminAccess field: the scheduler never gives it admin access.
+            out.append((name, [_alternative(claim, f"{name}/{s.get('name', i)}", {**s, "adminAccess": False})
                                for i, s in enumerate(subs)]))
         else:
             # v1beta1 claims put the fields on the request itself.
@@ -308,8 +309,9 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
             if alt.count is None:  # All: every device the selectors accept, and at least one
                 # (leaving out those that could never hold its capacity request)
                 selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR) and not (
-                    v.code == CAPACITY and _never_holds(by_key[f"{v.driver}/{v.pool}/{v.device}"], alt))]
-                fitting = fitting if selected and len(fitting) == len(selected) else []
+                    v.code != FITS and alt.capacity and _never_holds(by_key[f"{v.driver}/{v.pool}/{v.device}"], alt))]
+                fitting = _AllDevices(fitting if selected and len(fitting) == len(selected) else [])
+                fitting.walk = [(by_key[f"{v.driver}/{v.pool}/{v.device}"], v.code == FITS) for v in selected]
             per_request.append((alt, fitting, alt_report))
         options.append(per_request)
     for index, constraint in enumerate((spec.get("devices") or {}).get("constraints") or []):
@@ -365,6 +367,33 @@ def _count(alt: Alternative, fitting: list) -> int:
     return len(fitting) if alt.count is None else alt.count
 
 
+class _AllDevices(list):
+    """The devices that fit a request for all devices, and `walk`: every device it must
+    take, in the scheduler's order, with whether it fits."""
+
+    walk: list = []
+
+
+def _take_all(alt, fitting: _AllDevices, chosen: list, used: set[str], ledger: _Ledger, satisfied):
+    """The scheduler takes the devices of an All request one by one, in order: one that is
+    not available fails the request (the next alternative is tried), one that breaks a
+    constraint fails the allocation with an error."""
+    taken: list = []
+    for device, fits in fitting.walk:
+        if not fits or (device.key in used and not device.multiple):
+            return None
+        keys = list(dict.fromkeys([device.key] + [d.key for d in taken] + [d.key for _, ds in chosen for d in ds]))
+        keys = [k for k in keys if not (k in ledger.holders and ledger.shares.capacity.get(k) is not None)]
+        if keys and not ledger.counters.fits(keys[0], tuple(keys[1:])):
+            return None
+        if device.key in used and not _shares_fit(device, chosen + [(alt, (device,))], ledger):
+            return None
+        if not satisfied(chosen + [(alt, tuple(taken + [device]))]):
+            raise _AllConstraintError(alt.request)
+        taken.append(device)
+    return tuple(taken)
+
+
 class _AllConstraintError(Exception):
     """A request for all devices whose devices break a constraint: the scheduler's error."""
 
@@ -379,6 +408,13 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
         if index == len(options):
             return chosen if satisfied(chosen) else None
         for alt, fitting, _ in options[index]:  # first alternative first
+            if isinstance(fitting, _AllDevices):
+                combo = _take_all(alt, fitting, chosen, used, ledger, satisfied)
+                if combo:
+                    found = search(index + 1, chosen + [(alt, combo)], used | {d.key for d in combo})
+                    if found is not None:
+                        return found
+                continue
             need = _count(alt, fitting)
             if need == 0:
                 continue
@@ -393,10 +429,6 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
                     continue
                 if any(d.key in used and not _shares_fit(d, chosen + [(alt, combo)], ledger) for d in combo):
                     continue
-                if alt.count is None and not satisfied(chosen + [(alt, combo)]):
-                    # All devices must be taken: the scheduler fails the allocation with an
-                    # error rather than trying anything else.
-                    raise _AllConstraintError(alt.request)
                 found = search(index + 1, chosen + [(alt, combo)], used | {d.key for d in combo})
                 if found is not None:
                     return found

@@ -133,25 +133,45 @@ def _as_set(value) -> set | None:
     return {(type(v).__name__, str(v)) for v in items} or None
 
 
+def _shares_fit(shares: Shares, chosen: list[Choice], used: set[str], devices: tuple[Device, ...]) -> bool:
+    """Whether the shares of every request of the claim on a shared device fit together."""
+    for device in devices:
+        if device.name not in used:
+            continue
+        trial = Shares(capacity=shares.capacity, used={k: dict(v) for k, v in shares.used.items()})
+        for choice in chosen:
+            for d, amount in zip(choice.devices, choice.consumed or (None,) * len(choice.devices)):
+                if d.name == device.name and amount is not None:
+                    wanted = {k: quantity.value(v) for k, v in amount.items()}
+                    total = trial.capacity[d.name]
+                    if any(trial.used.get(d.name, {}).get(k, Decimal(0)) + v > quantity.value(total[k]["value"])
+                           for k, v in wanted.items()):
+                        return False
+                    trial.take(d.name, wanted)
+    return True
+
+
 def _dedicated_holds(device: Device, requests: dict) -> bool:
     shares = Shares(capacity={device.name: {k: {"value": str(v)} for k, v in device.capacity.items()}})
     return shares.amount(device.name, requests) is not None
 
 
 def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: dict, driver: str,
-                taken: set[str], device_taints: dict[str, list[dict]]) -> list[Device]:
+                taken: set[str], device_taints: dict[str, list[dict]],
+                multiple: frozenset[str] = frozenset(), order: tuple[str, ...] | None = None) -> list[Device]:
     class_name = exactly.get("deviceClassName")
     if class_name not in classes:
         raise Unsatisfiable(f"unknown DeviceClass {class_name!r}")
     selectors = [(f"class {class_name}", i, e) for i, e in enumerate(classes[class_name])]
     selectors += [("claim", i, s["cel"]["expression"]) for i, s in enumerate(exactly.get("selectors", []))]
     chosen = []
-    for device in inventory.devices:
+    devices = inventory.devices if order is None else [inventory.get(n) for n in order if inventory.get(n) is not None]
+    for device in devices:
         if device.name in taken:
             continue
         for owner, index, expression in selectors:
             try:
-                if not matches(expression, device, driver):
+                if not matches(expression, device, driver, device.name in multiple):
                     break
             except CelError as err:
                 # As the scheduler: a CEL error aborts the allocation, it does not skip a device.
@@ -166,11 +186,14 @@ def _candidates(inventory: Inventory, classes: dict[str, list[str]], exactly: di
 def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str]], driver: str,
              taken: set[str] | None = None, shares: Shares | None = None,
              counters: Counters | None = None,
-             device_taints: dict[str, list[dict]] | None = None) -> list[Choice]:
+             device_taints: dict[str, list[dict]] | None = None,
+             order: list[str] | None = None) -> list[Choice]:
     """Devices for the claim. With `shares`, multi-allocatable devices are taken by capacity
     (and `shares` records what the result consumes); with `counters`, partitionable devices
     by the room left in their counter sets (recorded likewise); `device_taints` (device ->
-    its taints) keeps devices from requests that do not tolerate them."""
+    its taints) keeps devices from requests that do not tolerate them. `order`: the device
+    names in the order the scheduler visits them (pools and slices by name, a slice's
+    devices as listed); the inventory's own order is by name."""
     taken = set(taken or ())
     shares = shares or Shares()
     counters = counters or Counters()
@@ -188,8 +211,10 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
         for name, spec, count in alternatives:
             requests = ((spec.get("capacity") or {}).get("requests")) or {}
             candidates = []
-            for device in _candidates(inventory, classes, spec, driver, taken, device_taints or {}):
-                if not counters.fits(device.name):
+            for device in _candidates(inventory, classes, spec, driver, taken, device_taints or {},
+                                      frozenset(shares.capacity), None if order is None else tuple(order)):
+                if not (device.name in shares.capacity and shares.used.get(device.name)) and \
+                        not counters.fits(device.name):
                     continue  # its counters are taken by what was allocated before
                 if device.name in shares.capacity:
                     amount = shares.amount(device.name, requests)
@@ -229,14 +254,20 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
         if index == len(options_per_request):
             return chosen if satisfied(chosen) else None
         for name, candidates, count in options_per_request[index]:  # first alternative first
-            free = [c for c in candidates if c[0].name not in used]
+            # A device that allows multiple allocations can serve several requests of the
+            # claim, while its capacity holds all of their shares.
+            free = [c for c in candidates if c[0].name not in used or c[0].name in shares.capacity]
             for combo in itertools.islice(itertools.combinations(free, count), 2000):
                 devices = tuple(d for d, _ in combo)
-                if not counters.fits(devices[0].name, tuple(d.name for d in devices[1:])
-                                     + tuple(d.name for c in chosen for d in c.devices)):
+                # Counters of the devices taken, each once; a shared device in use has its own.
+                keys = list(dict.fromkeys([d.name for d in devices] + [d.name for c in chosen for d in c.devices]))
+                keys = [k for k in keys if not (k in shares.capacity and shares.used.get(k))]
+                if keys and not counters.fits(keys[0], tuple(keys[1:])):
                     continue
                 consumed = tuple(None if a is None else {k: _canonical(v) for k, v in a.items()}
                                  for _, a in combo)
+                if not _shares_fit(shares, chosen + [Choice(name, devices, consumed)], used, devices):
+                    continue
                 found = search(index + 1, chosen + [Choice(name, devices, consumed)],
                                used | {d.name for d in devices})
                 if found is not None:
@@ -246,9 +277,11 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
     result = search(0, [], set())
     if result is None:
         raise Unsatisfiable("no combination of devices satisfies the claim")
+    in_use = {k for k in shares.capacity if shares.used.get(k)}  # shared devices that have their counters
+    for name in dict.fromkeys(d.name for choice in result for d in choice.devices):
+        if name not in in_use:
+            counters.take(name)
     for choice in result:
-        for device in choice.devices:
-            counters.take(device.name)
         for device, consumed in zip(choice.devices, choice.consumed):
             if consumed is not None:
                 shares.take(device.name, {k: quantity.value(v) for k, v in consumed.items()})

@@ -42,7 +42,6 @@ import base64
 import datetime as _dt
 import math
 import re
-import uuid as _uuid
 from decimal import Decimal, localcontext
 from functools import lru_cache
 from typing import Any, Callable, Mapping
@@ -465,8 +464,9 @@ def _qualified_name(value: str) -> list[str]:
 
 
 def _prefix(check: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
-    # A prefix for generateName: valid once a suffix is appended; a trailing "-" is dropped.
-    return lambda value: check(value[:-1] if value.endswith("-") else value)
+    # A prefix for generateName: valid once a suffix is appended, so a trailing "-" is
+    # checked as if it were a letter.
+    return lambda value: check(value[:-1] + "a" if len(value) > 1 and value.endswith("-") else value)
 
 
 def _uri(value: str) -> list[str]:
@@ -733,7 +733,8 @@ _BINARY_RULES = {"relation_lt": "<", "relation_le": "<=", "relation_gt": ">", "r
                  "relation_eq": "==", "relation_ne": "!=", "relation_in": "in",
                  "addition_add": "+", "addition_sub": "-", "multiplication_mul": "*",
                  "multiplication_div": "/", "multiplication_mod": "%"}
-_MACROS = {"all", "exists", "exists_one", "map", "filter"}
+_MACROS = {"all", "exists", "exists_one", "existsOne", "map", "filter", "transformList", "transformMap",
+           "transformMapEntry"}
 
 
 class _Compiler:
@@ -991,7 +992,7 @@ class _Compiler:
             return self._bind(args)
         if namespace is not None:
             return self._call(f"{namespace}.{method}", None, [self.compile(a) for a in args])
-        if method in _MACROS and len(args) in (2, 3) and _is_ident(args[0]):
+        if method in _MACROS and len(args) in (2, 3, 4) and _is_ident(args[0]):
             return self._macro(method, self.compile(target_tree), args)
         target = self.compile(target_tree)
         return self._call(method, target, [self.compile(a) for a in args])
@@ -1035,7 +1036,14 @@ class _Compiler:
         if target.type not in (DYN, "list", "map"):
             raise _CompileError(f"expression of type '{target.type}' cannot be range of a comprehension "
                                 "(must be list, map, or dynamic)")
-        if method == "map" and len(args) == 3:  # map(x, filter, transform)
+        if method.startswith("transform"):  # transformList(i, v, [filter,] transform)
+            if len(args) not in (3, 4) or not _is_ident(args[1]):
+                raise _CompileError(f"{method}() takes two variables, an optional filter and a transform")
+            names_ = [_ident_name(args[0]), _ident_name(args[1])]
+            filter_tree, body_tree = (args[2], args[3]) if len(args) == 4 else (None, args[2])
+        elif len(args) == 4:
+            raise _CompileError(f"{method}() takes at most three arguments")
+        elif method == "map" and len(args) == 3:  # map(x, filter, transform)
             names_ = [_ident_name(args[0])]
             filter_tree, body_tree = args[1], args[2]
         elif len(args) == 3:  # all(i, v, predicate) and the other two-variable forms
@@ -1052,6 +1060,8 @@ class _Compiler:
             condition = self.compile(filter_tree) if filter_tree is not None else None
         finally:
             self.scopes.pop()
+        if method == "existsOne":
+            method = "exists_one"
         if method in ("all", "exists", "exists_one", "filter") and body.type not in (DYN, "bool"):
             raise _CompileError(f"found no matching overload for '{method}' predicate of type {body.type}")
 
@@ -1104,13 +1114,24 @@ class _Compiler:
 
         def run_map(env, cost):
             _tick(cost)
-            out = []
+            out = [] if method in ("map", "transformList") else {}
             for _, scope in items(env, cost):
                 if condition is not None and not truth(condition.run(scope, cost)):
                     continue
-                out.append(body.run(scope, cost))
+                value = body.run(scope, cost)
+                if method == "transformMap":
+                    out[scope[names_[0]]] = value
+                elif method == "transformMapEntry":
+                    if not isinstance(value, dict):
+                        raise _no_overload(method, value)
+                    for key, entry in value.items():
+                        if _map_has(out, key):
+                            raise _EvalError(f"insert failed: key {key} already exists")
+                        out[key] = entry
+                else:
+                    out.append(value)
             return out
-        return _Node("list", run_map)
+        return _Node("list" if method in ("map", "transformList") else "map", run_map)
 
     # -- calls
     def _call(self, name: str, target: _Node | None, args: list[_Node]) -> _Node:
@@ -1591,6 +1612,13 @@ def _trim(is_receiver, cost, *args):
                          "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 
 
+def _quote(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+               "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+    return '"' + "".join(escapes.get(c, c) for c in args[0]) + '"'
+
+
 def _reverse(is_receiver, cost, *args):
     _need(is_receiver and len(args) == 1 and isinstance(args[0], (str, list)))
     return args[0][::-1]
@@ -1818,7 +1846,7 @@ _LIBRARY: dict[str, Callable] = {
     "matches": _matches, "find": _find, "findAll": _find_all,
     "split": _split, "charAt": _char_at, "indexOf": _index_of(False), "lastIndexOf": _index_of(True),
     "substring": _substring, "replace": _replace, "join": _join, "lowerAscii": _ascii_case(False),
-    "upperAscii": _ascii_case(True), "trim": _trim, "reverse": _reverse,
+    "upperAscii": _ascii_case(True), "trim": _trim, "reverse": _reverse, "strings.quote": _quote,
     "includes": _includes, "isSorted": _is_sorted, "min": _min_max(-1), "max": _min_max(1), "sum": _sum,
     "slice": _slice, "flatten": _flatten, "distinct": _distinct, "sort": _sort,
     "first": _first_last(0), "last": _first_last(-1), "lists.range": _lists_range,
@@ -1944,10 +1972,11 @@ def references(expression: str) -> list[tuple[str, str, str]]:
     return seen
 
 
-def device_activation(device: Device, driver: str) -> dict:
-    return activation(driver, by_domain(device.attributes, driver), {driver: dict(device.capacity)})
+def device_activation(device: Device, driver: str, allow_multiple: bool = False) -> dict:
+    return activation(driver, by_domain(device.attributes, driver), {driver: dict(device.capacity)},
+                      allow_multiple)
 
 
-def matches(expression: str, device: Device, driver: str) -> bool:
+def matches(expression: str, device: Device, driver: str, allow_multiple: bool = False) -> bool:
     """True when the selector accepts the device; CelError as the scheduler would fail."""
-    return evaluate(expression, device_activation(device, driver))
+    return evaluate(expression, device_activation(device, driver, allow_multiple))
