@@ -255,12 +255,16 @@ def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd:
 PAUSE_CMD = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 
 
-# Metadata (who, verb, resource, answer) of every request by a service account of the
-# driver's namespace; nothing else (the components' own traffic would drown it).
+# Every request by a service account of the driver's namespace: the metadata (who, verb,
+# resource, answer) and, for ResourceSlices, the body as sent (the tests compare it with
+# what the API server stored). Nothing else (the components' own traffic would drown it).
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+  - level: Request
+    userGroups: ["system:serviceaccounts:dra-system"]
+    resources: [{group: resource.k8s.io, resources: [resourceslices]}]
   - level: Metadata
     userGroups: ["system:serviceaccounts:dra-system"]
   - level: None
@@ -367,6 +371,12 @@ class Cluster:
         raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last}); "
                            f"log:\n{self.tail(proc_name) if proc_name else ''}")
 
+    def note(self, what: str) -> None:
+        """A line in logs/cluster.log: what up/down did when (where the time goes)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / "cluster.log", "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {what}\n")
+
     def tail(self, name: str, lines: int = 40) -> str:
         p = self.logs / f"{name}.log"
         return "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else "(no log)"
@@ -472,6 +482,7 @@ class Cluster:
         self._start("etcd", [k8s, "etcd", "--data-dir", str(self.root / "etcd"),
                              "--listen-client-url", f"http://127.0.0.1:{self.ports['etcd']}",
                              "--listen-peer-url", f"http://127.0.0.1:{self.ports['etcd-peer']}"])
+        self.note("started etcd")
         self._wait("etcd", lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{self.ports['etcd']}/health", timeout=2).status == 200, 60, "etcd")
 
@@ -509,9 +520,11 @@ class Cluster:
             "--audit-log-mode=blocking", "--audit-log-maxsize=0",
             *runtime_config,
         ])
+        self.note("started kube-apiserver")
         self._wait("kube-apiserver /readyz", lambda: self.api("GET", "/readyz", timeout=3)[0] == 200,
                    120, "kube-apiserver")
 
+        self.note("kube-apiserver ready")
         # kube-controller-manager, kube-scheduler
         self._start("kube-controller-manager", [
             k8s, "kube-controller-manager",
@@ -543,6 +556,7 @@ class Cluster:
                     env={"PATH": path})
         self._wait("containerd socket", self.containerd_sock.exists, 60, "containerd")
         self._import_images()
+        self.note("containerd up, images imported")
 
         # kubelet
         self._bridge()
@@ -555,7 +569,9 @@ class Cluster:
             f"--root-dir={self.kubelet_dir}",
             f"--hostname-override={NODE}", f"--node-ip={NODE_IP}",
         ], env={"PATH": path})
+        self.note("started kubelet")
         self._wait(f"node {NODE} Ready", self.node_ready, timeout, "kubelet")
+        self.note(f"node {NODE} Ready")
         # pods need their namespace's default ServiceAccount (the controller-manager makes it)
         self._wait("ServiceAccount default/default", lambda: self.api(
             "GET", "/api/v1/namespaces/default/serviceaccounts/default", timeout=5)[0] == 200,
@@ -726,9 +742,11 @@ featureGates:
                 self.load()
                 self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=0",
                              "--force", "--wait=false", check=False)
+                self.note("deleted all pods")
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and self.ctr("tasks", "ls", "-q", check=False).stdout.split():
                     time.sleep(1)
+                self.note(f"containers left: {self.ctr('tasks', 'ls', '-q', check=False).stdout.split()}")
             if self._alive("kubelet"):
                 self._stop("kubelet")
             tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
@@ -746,12 +764,15 @@ featureGates:
             except (OSError, ValueError):
                 pass
         self._unmount_all()
+        self.note("unmounted")
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
         self._cgroup_root(create=False)
+        self.note("bridge and cgroups removed")
         if self.root.exists():
             for child in self.root.iterdir():
                 if child.name not in ("logs", "logs-previous", "up-seconds"):
                     shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+            self.note("state removed")
         if release and self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -790,6 +811,7 @@ featureGates:
             except OSError:
                 pass
         pidfile.unlink(missing_ok=True)
+        self.note(f"stopped {name}")
 
     def _unmount_all(self) -> None:
         root = str(self.root)

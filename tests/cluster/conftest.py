@@ -1,0 +1,119 @@
+"""The cluster tier: the driver against upstream Kubernetes built from source and run on
+this machine (hack/local-cluster). The cluster is started once per pytest session.
+
+Runs only when asked for by path (`python3 -m pytest tests/cluster`): the default
+`python3 -m pytest` deselects it, since it builds Kubernetes and needs root; .ci/run runs it
+once. Without Go (or root) its tests are skipped with the reason, and fail instead under
+CI=true. On a failure the report gets the last lines of every component's log (all of them
+are in the cluster's logs/ folder).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+HACK = REPO / "hack" / "local-cluster"
+CI = os.environ.get("CI") == "true"
+HERE = Path(__file__).resolve().parent
+TIMINGS: dict[str, float] = {}
+
+
+def _load_cluster_module():
+    spec = importlib.util.spec_from_file_location("local_cluster", HACK / "cluster.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["local_cluster"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+lc = _load_cluster_module()
+
+
+def _asked_for(config: pytest.Config) -> bool:
+    """True when a command-line argument names this folder or something in it."""
+    for arg in config.args:
+        p = Path(arg.split("::")[0]).resolve()
+        if p == HERE or HERE in p.parents:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _asked_for(config):
+        return
+    mine = [i for i in items if HERE in Path(str(i.fspath)).parents]
+    if mine:
+        config.hook.pytest_deselected(items=mine)
+        items[:] = [i for i in items if i not in mine]
+
+
+def _unavailable(why: str):
+    if CI:
+        pytest.fail(f"cluster tier cannot run under CI=true: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The running cluster (hack/local-cluster/cluster.py's Cluster), built first if needed."""
+    if shutil.which("go") is None:
+        _unavailable("Go is not installed (the cluster tier builds Kubernetes from source)")
+    if os.geteuid() != 0:
+        _unavailable("the local cluster needs root (kubelet, containerd, mounts, cgroups)")
+    t0 = time.monotonic()
+    build = subprocess.run([str(HACK / "build.sh"), "all"], capture_output=True, text=True)
+    TIMINGS["build"] = time.monotonic() - t0
+    if build.returncode:
+        pytest.fail(f"hack/local-cluster/build.sh failed ({build.returncode}):\n{build.stderr[-6000:]}",
+                    pytrace=False)
+    c = lc.Cluster()
+    t0 = time.monotonic()
+    try:
+        c.up()
+    except lc.ClusterError as e:
+        logs = _all_logs(c)
+        try:
+            c.down()
+        finally:
+            pytest.fail(f"local cluster did not come up: {e}\n{logs}", pytrace=False)
+    TIMINGS["up"] = time.monotonic() - t0
+    yield c
+    t0 = time.monotonic()
+    c.down()
+    TIMINGS["down"] = time.monotonic() - t0
+
+
+def _all_logs(c, lines: int = 30) -> str:
+    out = []
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                 "containerd", "kubelet"):
+        out.append(f"----- {name} (last {lines} lines of {c.logs / (name + '.log')}) -----\n{c.tail(name, lines)}")
+    for drv in sorted(c.logs.glob("driver-*.log")):
+        out.append(f"----- {drv.name} -----\n{c.tail(drv.stem, lines)}")
+    return "\n".join(out)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and "cluster" in getattr(item, "fixturenames", ()):
+        c = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None
+        if c is not None:
+            rep.sections.append(("component logs", _all_logs(c)))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if TIMINGS:
+        terminalreporter.write_line(
+            "local cluster: " + ", ".join(f"{k} {v:.1f}s" for k, v in TIMINGS.items()))

@@ -1,0 +1,111 @@
+"""ResourceSlices of every publishing mode, written by the driver with the chart's RBAC and
+a token of its ServiceAccount, as the real kube-apiserver stores them; and a steady driver
+writes nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.cluster.driverhost import DRIVER, HostDriver, install
+
+MODES = {
+    # mode: (mock profile, driver environment)
+    "exclusive": ("mixed", {"GPU_SHARING": "exclusive"}),
+    "consumable": ("mixed", {"GPU_SHARING": "consumable"}),
+    "dynamic-mig": ("a100-mig", {"MIG_MODE": "dynamic"}),
+    "sriov-large": ("sriov-large", {}),
+}
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+@pytest.fixture(scope="module")
+def chart(cluster):
+    return install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
+                             "mock": {"enabled": True}})
+
+
+def sent_slices(cluster, node: str, since: int) -> dict[str, dict]:
+    """The last body the driver sent for each of the node's slices (create or update),
+    from the API server's audit log, events after the first `since`."""
+    out: dict[str, dict] = {}
+    for ev in cluster.audit()[since:]:
+        body = ev.get("requestObject")
+        if ev["verb"] in ("create", "update") and ev["objectRef"].get("resource") == "resourceslices" \
+                and body and body.get("spec", {}).get("nodeName") == node \
+                and ev.get("responseStatus", {}).get("code", 0) < 300:
+            out[body["metadata"]["name"]] = body
+    return out
+
+
+QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
+
+
+def canon(obj, in_quantities: bool = False):
+    """obj with every resource.Quantity in its canonical form, as the API server stores it
+    ("40960Mi" is stored as "40Gi"): quantities are the capacity and counter values."""
+    from driver.quantity import canonical
+
+    if isinstance(obj, dict):
+        return {k: (canonical(v) if in_quantities and k in QUANTITY_KEYS and isinstance(v, str)
+                    else canon(v, in_quantities or k in ("capacity", "counters")))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [canon(x, in_quantities) for x in obj]
+    return obj
+
+
+def stored_slices(cluster, node: str) -> dict[str, dict]:
+    code, body = cluster.api(
+        "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={node},spec.driver={DRIVER}")
+    assert code == 200, body
+    return {s["metadata"]["name"]: s for s in body["items"]}
+
+
+def driver_writes(cluster) -> list[tuple[str, str, int]]:
+    return [(e["verb"], e["requestURI"], e.get("responseStatus", {}).get("code"))
+            for e in cluster.audit() if e["verb"] in WRITE_VERBS]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_slices_accepted_as_published_and_steady_driver_writes_nothing(cluster, chart, mode, tmp_path):
+    profile, env = MODES[mode]
+    node = lc_node(cluster)
+    # rediscovery every 2 s, so "steady" covers several passes
+    # a new node: no slices of it yet, so that the driver writes all of them
+    code, body = cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={node}")
+    assert code == 200, body
+    since = len(cluster.audit())
+    drv = HostDriver(cluster, chart, tmp_path, node, fresh_node=True,
+                     extra_env={"MOCK_PROFILE": profile, "REDISCOVER_INTERVAL": "2", **env}).start()
+    try:
+        drv.wait_log("slices_in_sync", 90)
+        want = sent_slices(cluster, node, since)
+        assert want, "the driver (a new node's) wrote its slices"
+        have = stored_slices(cluster, node)
+        assert set(have) == set(want), "the node's slices are the ones the driver wrote"
+        for name, s in want.items():
+            got = have[name]["spec"]
+            sent = dict(s["spec"], pool=dict(s["spec"]["pool"], generation=got["pool"]["generation"]))
+            assert got == canon(sent), (f"{mode}: slice {name} as stored differs from what the driver "
+                                 f"sent (a dropped field means a feature gate or API version we rely on "
+                                 f"is off): {diff(canon(sent), got)}")
+        # steady: several rediscovery passes, no write, no new resourceVersion
+        versions = {n: s["metadata"]["resourceVersion"] for n, s in have.items()}
+        writes = driver_writes(cluster)
+        time.sleep(8)
+        assert driver_writes(cluster) == writes, "a steady driver wrote to the API server"
+        assert {n: s["metadata"]["resourceVersion"] for n, s in stored_slices(cluster, node).items()} == versions
+        assert drv.proc.poll() is None, drv.log()[-3000:]
+        denied = [(e["verb"], e["requestURI"], e["responseStatus"]) for e in cluster.audit()
+                  if e.get("responseStatus", {}).get("code") in (401, 403)]
+        assert not denied, f"the API server refused the driver (chart RBAC or admission): {denied}"
+    finally:
+        assert drv.stop() == 0, drv.log()[-3000:]
+
+
+def lc_node(cluster) -> str:
+    import local_cluster
+
+    return local_cluster.NODE
