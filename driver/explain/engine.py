@@ -311,7 +311,7 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
                 selected = [v for v in verdicts if v.code not in (CLASS, SELECTOR) and not (
                     v.code != FITS and alt.capacity and _never_holds(by_key[f"{v.driver}/{v.pool}/{v.device}"], alt))]
                 fitting = _AllDevices(fitting if selected and len(fitting) == len(selected) else [])
-                fitting.walk = [(by_key[f"{v.driver}/{v.pool}/{v.device}"], v.code == FITS) for v in selected]
+                fitting.walk = [(by_key[f"{v.driver}/{v.pool}/{v.device}"], v.code) for v in selected]
             per_request.append((alt, fitting, alt_report))
         options.append(per_request)
     for index, constraint in enumerate((spec.get("devices") or {}).get("constraints") or []):
@@ -369,7 +369,7 @@ def _count(alt: Alternative, fitting: list) -> int:
 
 class _AllDevices(list):
     """The devices that fit a request for all devices, and `walk`: every device it must
-    take, in the scheduler's order, with whether it fits."""
+    take, in the scheduler's order, with its verdict code."""
 
     walk: list = []
 
@@ -377,10 +377,11 @@ class _AllDevices(list):
 def _take_all(alt, fitting: _AllDevices, chosen: list, used: set[str], ledger: _Ledger, satisfied):
     """The scheduler takes the devices of an All request one by one, in order: one that is
     not available fails the request (the next alternative is tried), one that breaks a
-    constraint fails the allocation with an error."""
+    constraint fails the allocation with an error. It checks a device's capacity only
+    after the constraints."""
     taken: list = []
-    for device, fits in fitting.walk:
-        if not fits or (device.key in used and not device.multiple):
+    for device, code in fitting.walk:
+        if code not in (FITS, CAPACITY) or (device.key in used and not device.multiple):
             return None
         keys = list(dict.fromkeys([device.key] + [d.key for d in taken] + [d.key for _, ds in chosen for d in ds]))
         keys = [k for k in keys if not (k in ledger.holders and ledger.shares.capacity.get(k) is not None)]
@@ -390,6 +391,8 @@ def _take_all(alt, fitting: _AllDevices, chosen: list, used: set[str], ledger: _
             return None
         if not satisfied(chosen + [(alt, tuple(taken + [device]))]):
             raise _AllConstraintError(alt.request)
+        if code == CAPACITY:
+            return None
         taken.append(device)
     return tuple(taken)
 
@@ -429,6 +432,8 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
                     continue
                 if any(d.key in used and not _shares_fit(d, chosen + [(alt, combo)], ledger) for d in combo):
                     continue
+                if not satisfied(chosen + [(alt, combo)]):
+                    continue  # constraints only get harder with more devices: as the scheduler, give up here
                 found = search(index + 1, chosen + [(alt, combo)], used | {d.key for d in combo})
                 if found is not None:
                     return found
