@@ -53,6 +53,8 @@ def as_json(value):
         return {"quantity": value.text}
     if isinstance(value, cel.SemVer):
         return {"semver": value.text}
+    if isinstance(value, (cel.IP, cel.CIDR)):
+        return {"text": str(value), "type": cel._type_name(value)}
     if isinstance(value, cel.Optional):
         return {"optional": as_json(value.value) if value.present else None}
     return {"python": repr(value)}

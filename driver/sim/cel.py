@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import ipaddress
 import math
 import re
 from decimal import Decimal, localcontext
@@ -234,6 +235,62 @@ class Format:
         return f"format.{self.name}()"
 
 
+class IP:
+    """The IP library's net.IP: IPv4 or IPv6, no zone, no IPv4-mapped IPv6."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, text: str) -> None:
+        self.address = _parse_ip(text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IP) and other.address == self.address
+
+    def __hash__(self) -> int:
+        return hash(self.address)
+
+    def __str__(self) -> str:
+        return str(self.address)
+
+
+class CIDR:
+    """The CIDR library's net.CIDR: an address and a prefix length (host bits kept)."""
+
+    __slots__ = ("interface",)
+
+    def __init__(self, text: str) -> None:
+        address, slash, prefix = str(text).partition("/")
+        if not slash or not prefix.isdigit() or (len(prefix) > 1 and prefix[0] == "0"):
+            raise ValueError(f"network address parse error during conversion from string: "
+                             f"network address parse error: {text!r}")
+        ip = _parse_ip(address, "network address")
+        if int(prefix) > ip.max_prefixlen:
+            raise ValueError(f"network address parse error during conversion from string: {text!r}")
+        self.interface = ipaddress.ip_interface(f"{ip}/{prefix}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CIDR) and other.interface == self.interface
+
+    def __hash__(self) -> int:
+        return hash(self.interface)
+
+    def __str__(self) -> str:
+        return str(self.interface)
+
+
+def _parse_ip(text: str, what: str = "IP Address"):
+    text = str(text)
+    try:
+        if "%" in text:
+            raise ValueError("zones are not allowed")
+        address = ipaddress.ip_address(text)
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            raise ValueError("IPv4-mapped IPv6 addresses are not allowed")
+    except ValueError as err:
+        raise ValueError(f"{what} {text!r} parse error during conversion from string: {err}") from None
+    return address
+
+
 class TypeValue:
     __slots__ = ("name",)
 
@@ -286,6 +343,10 @@ def _type_name(value: object) -> str:
         return "format"
     if isinstance(value, TypeValue):
         return "type"
+    if isinstance(value, IP):
+        return "net.IP"
+    if isinstance(value, CIDR):
+        return "net.CIDR"
     return {celtypes.StringType: "string", celtypes.IntType: "int",
             celtypes.BoolType: "bool"}.get(type(value), type(value).__name__)
 
@@ -536,7 +597,7 @@ _KNOWN_RESULT = {  # function -> result type, where it does not depend on the ar
     "has": "bool", "quote": "string", "format": "string",
 }
 _TYPE_IDENTS = {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}
-_NAMESPACES = {"cel", "format", "sets", "optional", "lists", "strings", "math"}
+_NAMESPACES = {"cel", "format", "sets", "optional", "lists", "strings", "math", "ip", "net"}
 
 
 class _Node:
@@ -906,6 +967,8 @@ class _Compiler:
         target_tree, field = tree.children
         field = field.value
         namespace = self._namespace(target_tree)
+        if namespace == "net" and field in ("IP", "CIDR"):
+            return _const(TypeValue(f"net.{field}"), "type")
         if namespace is not None:
             raise _CompileError(f"undeclared reference to '{namespace}.{field}'")
         target = self.compile(target_tree)
@@ -1457,8 +1520,8 @@ def _to_string(is_receiver, cost, *args):
             return v.decode("utf-8")
         except UnicodeDecodeError:
             raise _EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
-    if isinstance(v, (Quantity, SemVer)):
-        raise _NoOverload()
+    if isinstance(v, (IP, CIDR)):
+        return str(v)
     raise _NoOverload()
 
 
@@ -1610,6 +1673,84 @@ def _trim(is_receiver, cost, *args):
     _need(is_receiver and len(args) == 1 and _s(args[0]))
     return args[0].strip(" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
                          "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+def _ip_call(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    return IP(args[0])
+
+
+def _is_ip(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    try:
+        IP(args[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _ip_is_canonical(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    return str(IP(args[0])) == args[0]
+
+
+def _ip_method(method: str):
+    def call(is_receiver, cost, *args):
+        _need(is_receiver and len(args) == 1 and isinstance(args[0], IP))
+        a = args[0].address
+        v4 = a.version == 4
+        if method == "family":
+            return a.version
+        if method == "isUnspecified":
+            return a.is_unspecified
+        if method == "isLoopback":
+            return a.is_loopback
+        if method == "isLinkLocalMulticast":
+            return a in (ipaddress.ip_network("224.0.0.0/24") if v4 else ipaddress.ip_network("ff02::/16"))
+        if method == "isLinkLocalUnicast":
+            return a in (ipaddress.ip_network("169.254.0.0/16") if v4 else ipaddress.ip_network("fe80::/10"))
+        # isGlobalUnicast, as Go's net.IP: anything but the special addresses above
+        return not (a.is_unspecified or a.is_loopback or a.is_multicast or
+                    a in (ipaddress.ip_network("169.254.0.0/16") if v4 else ipaddress.ip_network("fe80::/10")) or
+                    (v4 and a == ipaddress.ip_address("255.255.255.255")))
+    return call
+
+
+def _cidr_call(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    return CIDR(args[0])
+
+
+def _is_cidr(is_receiver, cost, *args):
+    _need(not is_receiver and len(args) == 1 and _s(args[0]))
+    try:
+        CIDR(args[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _cidr_method(method: str):
+    def call(is_receiver, cost, *args):
+        _need(is_receiver and isinstance(args[0], CIDR))
+        network = args[0].interface.network
+        if method in ("ip", "masked", "prefixLength"):
+            _need(len(args) == 1)
+            if method == "ip":
+                return IP(str(args[0].interface.ip))
+            if method == "prefixLength":
+                return network.prefixlen
+            return CIDR(str(network))
+        _need(len(args) == 2)
+        other = args[1]
+        if method == "containsIP":
+            _need(isinstance(other, (IP, str)))
+            address = other.address if isinstance(other, IP) else IP(other).address
+            return address.version == network.version and address in network
+        _need(isinstance(other, (CIDR, str)))
+        inner = (other if isinstance(other, CIDR) else CIDR(other)).interface.network
+        return inner.version == network.version and inner.subnet_of(network)
+    return call
 
 
 def _quote(is_receiver, cost, *args):
@@ -1868,6 +2009,11 @@ _LIBRARY: dict[str, Callable] = {
     "major": _py("major", 1, True), "minor": _py("minor", 1, True), "patch": _py("patch", 1, True),
 }
 _LIBRARY.update({f"format.{name}": _format_call(name) for name in _FORMATS})
+_LIBRARY.update({"ip": _overloads(_ip_call, _cidr_method("ip")), "isIP": _is_ip, "ip.isCanonical": _ip_is_canonical, "cidr": _cidr_call,
+                 "isCIDR": _is_cidr})
+_LIBRARY.update({m: _ip_method(m) for m in ("family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
+                                           "isLinkLocalUnicast", "isGlobalUnicast")})
+_LIBRARY.update({m: _cidr_method(m) for m in ("containsIP", "containsCIDR", "masked", "prefixLength")})
 
 
 # -- entry points -----------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 FILES = ["quantity_test.go", "semver_test.go", "format_test.go", "lists_test.go", "cost_test.go",
-         "regex_test.go"]
+         "regex_test.go", "ip_test.go", "cidr_test.go"]
 _GO_STRING = r'(`[^`]*`|"(?:[^"\\]|\\.)*")'
 
 
