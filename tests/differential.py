@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -334,10 +333,6 @@ def main() -> int:
     return 1 if result["disagreements"] or (args.demo and demo["counts"]["disagree"]) else 0
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
-    sys.exit(main())
-
 
 # -- the demo allocator -----------------------------------------------------------------------------------
 def demo_answer(sc: dict, node: str) -> dict | None:
@@ -417,3 +412,7 @@ def compare_demo(oracle: Oracle, seeds) -> dict:
             if not same and len(examples) < 5:
                 examples.append({"seed": seed, "node": node, "demo": ours, "scheduler": theirs})
     return {"counts": counts, "examples": examples}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
