@@ -57,6 +57,10 @@ class MpsStarting(Exception):
 # DeadlineExceeded; a prepare that waits for a new daemon must answer well before that.
 KUBELET_PREPARE_SECONDS = 45.0
 MAX_START_WAIT = 30.0
+# A stopping daemon gets the pod's grace period to `quit` its servers; the start timeout
+# (how long a prepare waits for a new daemon) has nothing to do with that.
+TERMINATION_GRACE_SECONDS = 30
+STOP_SECONDS = TERMINATION_GRACE_SECONDS + 5.0
 
 
 def _label_value(value: str) -> str:
@@ -160,7 +164,7 @@ class MpsDaemons:
         except ApiError as err:
             raise MpsError(f"MPS on {device}: cannot delete pod {self.namespace}/{name}: {err}") from err
         self._wait_gone(name, device)
-        deadline = time.monotonic() + self.start_timeout
+        deadline = time.monotonic() + STOP_SECONDS
         while control_answers(self.paths(device).pipe):
             if time.monotonic() > deadline:
                 raise MpsError(f"MPS on {device}: pod {self.namespace}/{name} is gone but its "
@@ -184,11 +188,11 @@ class MpsDaemons:
             raise MpsError(f"cannot read pod {self.namespace}/{name}: {err}") from err
 
     def _wait_gone(self, name: str, device: str) -> None:
-        deadline = time.monotonic() + self.start_timeout
+        deadline = time.monotonic() + STOP_SECONDS
         while self._existing(name) is not None:
             if time.monotonic() > deadline:
                 raise MpsError(f"MPS on {device}: pod {self.namespace}/{name} was not deleted "
-                               f"within {self.start_timeout:g}s")
+                               f"within {STOP_SECONDS:g}s")
             time.sleep(POLL_SECONDS)
 
     def _pod_problem(self, name: str) -> str:
@@ -227,7 +231,7 @@ class MpsDaemons:
                 "hostPID": True,
                 "priorityClassName": "system-node-critical",
                 "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 30,
+                "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                 "containers": [{
                     "name": COMPONENT,
                     "image": self.image,
