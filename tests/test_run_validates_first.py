@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +32,10 @@ def _kubeconfig(path, **cluster):
 
 @pytest.mark.parametrize("case", CASES)
 def test_run_rejects_its_configuration_before_it_creates_anything(case, tmp_path):
-    root = tmp_path / "host"  # every directory of the driver lies below this, none exists
+    # Every directory of the driver lies below this, none exists; short, since the socket
+    # paths under it must fit the 107-byte limit whatever tmp_path is.
+    short = Path(tempfile.mkdtemp(prefix="dra-v-", dir="/tmp"))
+    root = short / "host"
     env = {k: v for k, v in os.environ.items()
            if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
     args = [sys.executable, "-m", "driver", "run", "--mock", "mixed", "--node-name", "n",
@@ -68,6 +74,8 @@ def test_run_rejects_its_configuration_before_it_creates_anything(case, tmp_path
     assert "Traceback" not in done.stderr + done.stdout
     assert done.stderr.startswith("dra-driver: configuration error: ") and \
         len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))[:10]
+    made = sorted(str(p) for p in root.rglob("*"))[:10] if root.exists() else None
+    shutil.rmtree(short, ignore_errors=True)
+    assert made is None, made
     if case.startswith("CA"):
         assert "certificate-authority" in done.stderr

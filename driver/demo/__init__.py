@@ -402,7 +402,7 @@ class Demo:
 
     def show(self, rootfs: Path | None, ref, cdi_ids: list[str], problems: list[str], name: str) -> None:
         if rootfs is not None:
-            seen = podman.run(rootfs, cdi_ids, self.container_name())
+            seen = podman.run(rootfs, cdi_ids, name=self.container_name())
             if seen.returncode != 0:
                 why = seen.stderr.strip()
                 if "unresolvable CDI devices" in why:

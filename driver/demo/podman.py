@@ -55,7 +55,7 @@ def _args(rootfs: Path, cdi_ids: list[str], script: str, debug: bool = False) ->
     return args + ["--rootfs", str(rootfs), "/bin/sh", "-c", script]
 
 
-def run(rootfs: Path, cdi_ids: list[str], name: str | None = None, script: str = SHOW,
+def run(rootfs: Path, cdi_ids: list[str], script: str = SHOW, name: str | None = None,
         debug: bool = False) -> subprocess.CompletedProcess:
     """One container, named `name` so that it can be found again. podman runs in its own
     session: the terminal's Ctrl-C (sent to the whole process group) does not kill it
@@ -162,7 +162,7 @@ def refused_spec(rootfs: Path, cdi_ids: list[str], spec: Path, version: str,
     library does not know, `invalid version "1.1.0"` for a version it does not; None when
     the log does not say."""
     try:
-        debug = run(rootfs, cdi_ids, name, script="true", debug=True).stderr
+        debug = run(rootfs, cdi_ids, "true", name=name, debug=True).stderr
     except (OSError, subprocess.SubprocessError):
         return None
     text = debug.replace('\\"', '"').replace("\\n", "\n").replace("\\t", "\t")
