@@ -61,6 +61,12 @@ SERVICE_CIDR = "10.96.0.0/24"
 # ("pause") image and the examples' busybox.
 PAUSE_IMAGE = "localhost/dra-local-cluster/pause:busybox"
 BUSYBOX_IMAGES = ["docker.io/library/busybox:1.36", "localhost/dra-local-cluster/busybox:latest"]
+# Stand-ins: the same busybox image under the names of the vendor images that examples/
+# use with plain `sh -c` commands (env, ls of device nodes, the mock's nvidia-smi that the
+# CDI spec mounts). Their contents are NOT the vendors' images; what the examples test is
+# allocation, preparation and CDI injection, which does not depend on the image.
+STAND_IN_IMAGES = ["nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                   "docker.io/xilinx/xilinx_runtime_base:alveo-2023.2-ubuntu-22.04"]
 # The beta DRA features the driver uses, on explicitly (on by default in 1.37; alpha in
 # 1.34). The GA ones (DynamicResourceAllocation, DRAResourceClaimDeviceStatus, ...) are on
 # by default and locked.
@@ -651,14 +657,14 @@ state = '{c / "state"}'
         images = self.root / "images"
         images.mkdir(exist_ok=True)
         oci_archive(images / "pause.tar", [PAUSE_IMAGE], None, PAUSE_CMD)
-        oci_archive(images / "busybox.tar", BUSYBOX_IMAGES, None, ["sh"])
+        oci_archive(images / "busybox.tar", BUSYBOX_IMAGES + STAND_IN_IMAGES, None, ["sh"])
         for tar in ("pause.tar", "busybox.tar"):
             # --local: no content fetch from anywhere; the archive holds every blob.
             self.ctr("images", "import", "--local", str(images / tar))
         # The CRI plugin keeps the sandbox image from being garbage collected by the kubelet
         # (pinned); the busybox images are labelled pinned too, as there is no registry to
         # pull them again from.
-        for name in [PAUSE_IMAGE, *BUSYBOX_IMAGES]:
+        for name in [PAUSE_IMAGE, *BUSYBOX_IMAGES, *STAND_IN_IMAGES]:
             self.ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
 
     def _bridge(self) -> None:
