@@ -145,8 +145,9 @@ OPTIONS: tuple[Option, ...] = (
            "seconds an allocated GPU or MIG device must stay idle before its claim gets an "
            "Event and an Idle condition; 0: never"),
     Option("idle_threshold", "--idle-threshold", "IDLE_THRESHOLD", "5",
-           "SM utilization, in percent, below which a GPU counts as idle (every NVML sample "
-           "since the previous one must be below it)", commands=STATE),
+           "the share of time a kernel ran (NVML's GPU utilization, not SM occupancy), in "
+           "percent, below which a GPU counts as idle (every NVML sample since the previous "
+           "one must be below it)", commands=STATE),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )

@@ -37,7 +37,7 @@ def draw(history: list[tuple[int, dict]], target: Path) -> None:
     allocated = [len({r[0]["device"] for r in _rows(h, "allocated") if r[1] == 1}) for _, h in history]
     idle = [len({r[0]["device"] for r in _rows(h, "idle_seconds") if r[1] > IDLE}) for _, h in history]
     free = len([1 for labels, v in _rows(last, "allocated") if v == 0 and not labels["claim_uid"]])
-    busy = [v for labels, v in _rows(last, "utilization_ratio") if labels["claim_uid"]]
+    busy = [v for labels, v in _rows(last, "kernel_active_ratio") if labels["claim_uid"]]
     figure = plt.figure(figsize=(16, 10), facecolor="#111217")
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels.values())
 
@@ -78,7 +78,7 @@ def draw(history: list[tuple[int, dict]], target: Path) -> None:
         cell.set_edgecolor("#2c3235")
         cell.get_text().set_color("#d8d9da")
     table.scale(1, 1.4)
-    for panel_id, metric, scale in ((7, "utilization_ratio", 100), (8, "memory_used_bytes", 1 / (1 << 30))):
+    for panel_id, metric, scale in ((7, "kernel_active_ratio", 100), (8, "memory_used_bytes", 1 / (1 << 30))):
         ax = axes(panel_id)
         claims = sorted({_claim(labels) for _, h in history for labels, _ in _rows(h, metric)
                          if labels["claim_uid"]})
@@ -86,7 +86,7 @@ def draw(history: list[tuple[int, dict]], target: Path) -> None:
             values = [max((v for labels, v in _rows(h, metric) if labels["claim_uid"] and _claim(labels) == claim),
                           default=float("nan")) * scale for _, h in history]
             ax.plot(seconds, values, label=claim)
-        ax.set_ylabel("% SM" if scale == 100 else "GiB", color="#8e8e8e", fontsize=8)
+        ax.set_ylabel("% kernel time" if scale == 100 else "GiB", color="#8e8e8e", fontsize=8)
         ax.legend(facecolor="#181b1f", labelcolor="#d8d9da", fontsize=7, loc="upper right")
     figure.text(0.01, 0.005, "Panels of charts/dra-accel-driver/dashboards/dra-accel-driver.json drawn by "
                 "hack/hack_dashboard.py from a mock run's /metrics (hack/utilization-demo.py), $idle = 60 s; "
