@@ -114,6 +114,22 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if TIMINGS:
-        terminalreporter.write_line(
-            "local cluster: " + ", ".join(f"{k} {v:.1f}s" for k, v in TIMINGS.items()))
+    if not TIMINGS:
+        return
+    terminalreporter.write_line(
+        "local cluster: " + ", ".join(f"{k} {v:.1f}s" for k, v in TIMINGS.items()))
+    # Every API call the driver's service account made in this session (the audit log
+    # outlives `down`), for comparing with what the chart grants.
+    calls: dict[tuple[str, str, str], dict[int, int]] = {}
+    for ev in lc.Cluster().audit():
+        ref = ev.get("objectRef", {})
+        resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        key = (ref.get("apiGroup", "") or "core", resource, ev["verb"])
+        code = ev.get("responseStatus", {}).get("code", 0)
+        calls.setdefault(key, {}).setdefault(code, 0)
+        calls[key][code] += 1
+    if calls:
+        terminalreporter.write_line("driver API calls (group resource verb: answers):")
+        for (group, resource, verb), codes in sorted(calls.items()):
+            terminalreporter.write_line(f"  {group} {resource} {verb}: "
+                                        + ", ".join(f"{c}x{n}" for c, n in sorted(codes.items())))
