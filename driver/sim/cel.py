@@ -1172,13 +1172,19 @@ class _Compiler:
         if method == "filter":
             def run_filter(env, cost):
                 _tick(cost)
-                return [value for value, scope in items(env, cost) if truth(body.run(scope, cost))]
+                out = []
+                for value, scope in items(env, cost):
+                    _tick(cost, 4)  # cel-go's step: a conditional and a list concatenation
+                    if truth(body.run(scope, cost)):
+                        out.append(value)
+                return out
             return _Node("list", run_filter)
 
         def run_map(env, cost):
             _tick(cost)
             out = [] if method in ("map", "transformList") else {}
             for _, scope in items(env, cost):
+                _tick(cost, 4)  # cel-go's step: a conditional and a list concatenation
                 if condition is not None and not truth(condition.run(scope, cost)):
                     continue
                 value = body.run(scope, cost)
