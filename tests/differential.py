@@ -370,6 +370,7 @@ def demo_answer(sc: dict, node: str) -> dict | None:
         if d.taints:
             taints[d.name] = list(d.taints)
     taken: set[str] = set()
+    counted: set[str] = set()
     for claim in sc["allocated"]:
         for result in claim["status"]["allocation"]["devices"]["results"]:
             if (result["driver"], result["pool"]) != (DRIVER, node):
@@ -378,7 +379,9 @@ def demo_answer(sc: dict, node: str) -> dict | None:
                 shares.take(result["device"], {k: quantity.value(v) for k, v in result["consumedCapacity"].items()})
             else:
                 taken.add(result["device"])
-            counters.take(result["device"])
+            if result["device"] not in counted:  # a device takes its counters once
+                counted.add(result["device"])
+                counters.take(result["device"])
     classes = {c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"].get("selectors") or []]
                for c in sc["classes"]}
     spec = json.loads(json.dumps(sc["claim"]["spec"]))
