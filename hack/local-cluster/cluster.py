@@ -76,6 +76,11 @@ FEATURE_GATES = {
     "DRADeviceTaints": True,
     "DRADeviceBindingConditions": True,
 }
+# DRA_LOCAL_CLUSTER_FEATURE_GATES="A=false,B=true" overrides some, for every component (to
+# see a test fail when a gate it relies on is off, or to try an alpha one).
+for _kv in filter(None, os.environ.get("DRA_LOCAL_CLUSTER_FEATURE_GATES", "").split(",")):
+    _k, _, _v = _kv.partition("=")
+    FEATURE_GATES[_k.strip()] = _v.strip().lower() == "true"
 
 
 def versions() -> dict[str, str]:

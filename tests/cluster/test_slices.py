@@ -14,8 +14,22 @@ MODES = {
     # mode: (mock profile, driver environment)
     "exclusive": ("mixed", {"GPU_SHARING": "exclusive"}),
     "consumable": ("mixed", {"GPU_SHARING": "consumable"}),
-    "dynamic-mig": ("a100-mig", {"MIG_MODE": "dynamic"}),
+    "dynamic-mig": ("h100x8", {"MIG_MODE": "dynamic"}),  # 1.35+ layout: a counters slice
     "sriov-large": ("sriov-large", {}),
+}
+# What a user sees of each mode in the stored slices (a driver that falls back, e.g. to
+# exclusive GPUs when the API server drops allowMultipleAllocations, fails here).
+def _devices(slices):
+    return [d for s in slices.values() for d in s["spec"].get("devices", [])]
+
+
+MODE_SHOWS = {
+    "exclusive": lambda sl: not any(d.get("allowMultipleAllocations") for d in _devices(sl)),
+    "consumable": lambda sl: any(d.get("allowMultipleAllocations") and d.get("capacity", {}).get("memory", {}).get("requestPolicy")
+                                 for d in _devices(sl)),
+    "dynamic-mig": lambda sl: any(s["spec"].get("sharedCounters") for s in sl.values())
+                              and any(d.get("consumesCounters") for d in _devices(sl)),
+    "sriov-large": lambda sl: sum(1 for d in _devices(sl) if d["name"].startswith("nic-")) >= 100,
 }
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
@@ -91,6 +105,8 @@ def test_slices_accepted_as_published_and_steady_driver_writes_nothing(cluster, 
             assert got == canon(sent), (f"{mode}: slice {name} as stored differs from what the driver "
                                  f"sent (a dropped field means a feature gate or API version we rely on "
                                  f"is off): {diff(canon(sent), got)}")
+        assert MODE_SHOWS[mode](have), f"{mode}: the stored slices do not show the mode; driver log:\n" + "\n".join(
+            line for line in drv.log().splitlines() if '"warning"' in line)[-3000:]
         # steady: several rediscovery passes, no write, no new resourceVersion
         versions = {n: s["metadata"]["resourceVersion"] for n, s in have.items()}
         writes = driver_writes(cluster)
