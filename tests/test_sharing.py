@@ -540,3 +540,20 @@ def test_a_container_that_needs_two_gpus_mps_daemons_is_refused(node):
     _workload_pod(node.api, "both", {"one": a.name, "two": b.name},
                   containers={"first": ["one"], "second": ["two"]})
     assert node.kubelet.prepare([b]).claims[b.uid].error == ""
+
+
+def test_a_whole_gpu_share_keeps_its_mps_config_defaults(node):
+    """A claim that asked for no capacity on a consumable GPU holds all of it; its
+    mpsConfig server defaults must not be overridden by client limits of the whole GPU
+    (the gpu-mps-shared-claim example showed 100 and 80896M instead of 50 and 20Gi)."""
+    claim = new_claim(node.api, "whole-mps", [share(GPU, "79Gi", "0")],
+                      [gpu_config({"strategy": "MPS", "mpsConfig": {
+                          "defaultActiveThreadPercentage": 50,
+                          "defaultPinnedDeviceMemoryLimit": "20Gi"}})])
+    assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
+    env = env_of(node.spec(claim))
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+    log = (node.mps_dir(GPU) / "log" / "control.log").read_text()
+    assert "set_default_active_thread_percentage 50" in log
+    assert "set_default_device_pinned_mem_limit 0 20480M" in log

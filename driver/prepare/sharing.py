@@ -361,7 +361,9 @@ class DeviceSharing:
         if use.setup.mps and self.mps is not None:
             paths = self.mps.paths(use.device.name)
             env.append(f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}")
-            if use.share is not None:
+            # A share that covers the whole GPU (a claim that asked for no capacity) gets
+            # no client limits: they would override the server defaults of its mpsConfig.
+            if use.share is not None and not use.share.whole(use.device):
                 env += shares.env(prefix, use.share)
             mounts += [Mount(str(paths.pipe), CONTAINER_PIPE_DIR, SHARE_MOUNT_OPTIONS),
                        Mount(str(paths.shm), "/dev/shm", SHARE_MOUNT_OPTIONS)]
