@@ -16,30 +16,17 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import helm_python as helm
 import yaml
 
 from tests.conftest import REPO
+from tests.test_chart import render  # the chart through Helm's own engine, release dra in dra-system
 
-CHART = REPO / "charts" / "dra-accel-driver"
-RELEASE, NAMESPACE = "dra", "dra-system"
+NAMESPACE = "dra-system"  # the release namespace tests/test_chart.render uses
 DRIVER = "accel.dra.io"
 # The kinds of the chart that the cluster gets; the DaemonSet's pod is this module's host
 # process instead (its image would need a registry).
 APPLIED_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
-
-
-def render(values: dict | None = None) -> list[dict]:
-    """The chart through Helm's own engine, as tests/test_chart.py renders it."""
-    chart = helm.Chart.load(str(CHART))
-    out = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    objects = []
-    for path, text in sorted(out.items()):
-        if path.endswith(".txt"):
-            continue
-        objects += [d for d in yaml.safe_load_all(text) if d]
-    return objects
 
 
 def daemonset_env(objects: list[dict]) -> dict[str, str]:
