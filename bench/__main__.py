@@ -25,10 +25,13 @@ from pathlib import Path
 
 import grpc
 
-from driver import atomic, logs
+from driver.state import atomic
+
+from driver import logs
+from driver.monitoring.devicemetrics import DeviceSeries
 from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.kube import Kube, api_client
+from driver.kube.client import Kube, api_client
 from driver.sim.apiserver import ApiServer, claim_allocated
 from driver.sim.kubelet import Claim, FakeKubelet
 
@@ -426,13 +429,13 @@ def mig_profile(directory: Path, migs: int) -> Path:
 def bench_utilization(table: Table, scratch: Path, rounds: int, interval: float = 10.0) -> None:
     """CPU of one utilization sample (and of the monitor's join with claims and the idle
     timers), beside what the NVML calls alone cost through the same fake library."""
-    from driver.checkpoint import ClaimRecord, PreparedDevice, State
+    from driver.state.checkpoint import ClaimRecord, PreparedDevice, State
     from driver.devices import mock
     from driver.devices.discovery import discover
     from driver.metrics import Metrics
-    from driver.utilization.idle import IdleTracker
-    from driver.utilization.monitor import UtilizationMonitor
-    from driver.utilization.sampler import Sampler
+    from driver.monitoring.utilization.idle import IdleTracker
+    from driver.monitoring.utilization.monitor import UtilizationMonitor
+    from driver.monitoring.utilization.sampler import Sampler
 
     for label, profile in (("8 GPUs", "h100x8"), ("64 MIG devices", str(mig_profile(scratch, 64)))):
         node = mock.build(mock.load(profile), scratch / f"util-{len(label)}")
@@ -444,7 +447,7 @@ def bench_utilization(table: Table, scratch: Path, rounds: int, interval: float 
         monitor = UtilizationMonitor(sampler, IdleTracker(scratch / f"state-{len(label)}", "bench", 0.05, 1800),
                                      lambda: records, NODE)
         metrics = Metrics(DRIVER)
-        metrics.watch_utilization(monitor.views)
+        metrics.watch_utilization(DeviceSeries(monitor.views, metrics.driver))
         monitor.tick()  # handles looked up, NVML initialized
         calls_before = sum(node.library.calls.values())
         cpu = []
@@ -546,11 +549,11 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
     --utilization-interval, 10 s), which reads no NIC counter, and a whole scrape."""
     from driver.devices import sysread
     from driver.devices.model import DeviceKind
-    from driver.health import HealthState, Prober
+    from driver.monitoring.health import HealthState, Prober
     from driver.metrics import Metrics
-    from driver.utilization.idle import IdleTracker
-    from driver.utilization.monitor import UtilizationMonitor
-    from driver.utilization.sampler import Sampler
+    from driver.monitoring.utilization.idle import IdleTracker
+    from driver.monitoring.utilization.monitor import UtilizationMonitor
+    from driver.monitoring.utilization.sampler import Sampler
 
     sysread.raise_descriptor_limit()  # as `dra-driver run` does, so that files are held
     inventory = result.inventory
@@ -559,7 +562,7 @@ def bench_periodic_checks(table: Table, sysfs: Path, dev: Path, result) -> None:
     state = Path(tempfile.mkdtemp(prefix="dra-bench-"))
     monitor = UtilizationMonitor(sampler, IdleTracker(state, "bench", 0.05, 1800), lambda: (), NODE)
     metrics = Metrics(DRIVER)
-    metrics.watch_utilization(monitor.views)
+    metrics.watch_utilization(DeviceSeries(monitor.views, metrics.driver))
     nics = [d for d in inventory.devices if d.kind is DeviceKind.NIC and d.net_interface]
     stats = [f"{sysfs}/bus/pci/devices/{d.pci.bus_id}" for d in nics if d.pci is not None]
     stats += [f"{dev}/{n.removeprefix('/dev/')}" for d in nics for n in d.device_nodes]
@@ -624,7 +627,7 @@ def bench_rediscovery(table: Table, scratch: Path, sources, result, full: float)
     from driver.devices import fingerprint, mock
     from driver.devices.discovery import Changes, discover
     from driver.devices.sysread import HeldDirs
-    from driver.publisher import Publisher
+    from driver.publish.publisher import Publisher
 
     dirs = HeldDirs()  # as the driver takes the fingerprint: directories kept open
     baseline = fingerprint.fingerprint(sources.sysfs, dirs)
@@ -925,7 +928,7 @@ def main() -> int:
     # -- where a large node's publish time goes (in-process) ------------------------------------
     from driver.devices import mock
     from driver.devices.discovery import discover
-    from driver.publisher import Publisher
+    from driver.publish.publisher import Publisher
 
     t = time.perf_counter()
     node = mock.build(mock.load("sriov-large"), scratch / "large")

@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from driver import __version__, logs, preflight, report, slices
+from driver import __version__, logs, preflight, report
+
+from driver.publish import slices
 from driver.config import CLEANUP, DISCOVER, RUN, STATUS, ConfigError, Config, add_arguments, build
 from driver.devices.discovery import discover, log_result
 from driver.node import open_node
@@ -105,8 +107,7 @@ def parser() -> argparse.ArgumentParser:
                                  description="Start the node's nvidia-cuda-mps-control for one GPU, "
                                              "apply the server defaults and stop it with `quit` on "
                                              "SIGTERM. The driver creates the pods that run it.")
-    from driver import mps_daemon
-
+    from driver.prepare import mps_daemon
     mps_daemon.add_arguments(daemon)
     return top
 
@@ -124,7 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         try:
             from driver import demo
-
             code = demo.main(args.profile, claim_file=args.claim, cdi_root=args.cdi_root,
                              mig_mode=args.mig_mode)
         except KeyboardInterrupt:  # before the demo's own handler: it had started nothing
@@ -139,8 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return explain_command.run(args)
     if args.command == "mps-control-daemon":
-        from driver import mps_daemon
-
+        from driver.prepare import mps_daemon
         try:
             return mps_daemon.run(args)
         except mps_daemon.DaemonError as err:
@@ -162,8 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == CLEANUP:
         return run_cleanup(config)
     if args.command == STATUS:
-        from driver.utilization import nodeview
-
+        from driver import nodeview
         return nodeview.main(config, args.output)
     raise AssertionError(args.command)
 
@@ -174,7 +172,7 @@ def run_plugin(config: Config) -> int:
     import structlog
 
     from driver.devices import sysread
-    from driver.kube import Kube
+    from driver.kube.client import Kube
     from driver.plugin import StartupError, serve
 
     # The client is made by the plugin, after it offered its registration socket (or
@@ -194,8 +192,8 @@ def run_plugin(config: Config) -> int:
 
 def run_cleanup(config: Config) -> int:
     from driver.devices.model import Inventory
-    from driver.kube import ApiError, ClientConfigError, Kube, api_client
-    from driver.publisher import Publisher
+    from driver.kube.client import ApiError, ClientConfigError, Kube, api_client
+    from driver.publish.publisher import Publisher
 
     try:
         kube = Kube(api_client(config.kubeconfig))

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from driver import names
+from driver.kube import names
 from driver.devices.mock import Profile, ProfileError, builtin_profiles
 from driver.devices.mock import load as load_profile
 from driver.devices.net import NicFilter, NicSelector
 from driver.kubelet import sockets
-from driver.slices import GPU_SHARING_MODES
+from driver.publish.slices import GPU_SHARING_MODES
 
 DEFAULT_DRIVER = "accel.dra.io"
 

@@ -2,20 +2,19 @@
 
 Counters and histograms are updated where things happen; gauges that mirror state
 (prepared claims, published devices, device health) are read at scrape time. The
-per-device series are written by driver/devicemetrics.py and added to the registry's
+per-device series are written by driver/monitoring/devicemetrics.py and added to the registry's
 exposition (`Metrics.exposition`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from driver import __version__
-from driver.devicemetrics import DeviceSeries
 
 PREFIX = "dra_driver"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -48,11 +47,18 @@ class _StateCollector(Collector):
                                 value=self.nics_withheld())
 
 
+class Series(Protocol):
+    """Series rendered at each scrape in the text format (driver/monitoring/devicemetrics.py's
+    per-device series): kept out of the registry, which would build them as objects."""
+
+    def render(self) -> bytes: ...
+
+
 class Metrics:
     def __init__(self, driver: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.driver = driver
-        self.devices: DeviceSeries | None = None
+        self.devices: Series | None = None
         self.requests = Counter(f"{PREFIX}_requests", "Kubelet DRA requests",
                                 ["method", "api"], registry=self.registry)
         self.claim_errors = Counter(f"{PREFIX}_claim_errors", "Claims that failed to (un)prepare",
@@ -73,8 +79,8 @@ class Metrics:
     def watch_state(self, prepared, devices, health, nics_withheld=lambda: 0) -> None:
         self.registry.register(_StateCollector(prepared, devices, health, nics_withheld))
 
-    def watch_utilization(self, views: Callable[[], Iterable]) -> None:
-        self.devices = DeviceSeries(views, self.driver)
+    def watch_utilization(self, series: Series) -> None:
+        self.devices = series
 
     def exposition(self) -> bytes:
         """What /metrics serves: the registry in the text format, then the per-device series."""

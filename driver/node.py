@@ -11,7 +11,7 @@ from driver.devices import mock
 from driver.devices.discovery import Sources
 from driver.devices.nvml import load_nvml
 from driver.devices.pciids import PciIds
-from driver.instance import Instance
+from driver.state.instance import Instance
 
 
 @dataclass(frozen=True)

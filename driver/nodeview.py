@@ -17,16 +17,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from driver import atomic, extendedresources
-from driver.checkpoint import ClaimRecord, State, read_records
+from driver.state import atomic
+
+from driver.publish import extendedresources
+from driver.state.checkpoint import ClaimRecord, State, read_records
 from driver.config import Config
 from driver.devices import mock
 from driver.devices.discovery import discover
 from driver.devices.model import Inventory
 from driver.node import NodeRoots, open_node
-from driver.utilization import idle
-from driver.utilization.monitor import MIB, duration, holders_of
-from driver.utilization.sampler import Sampler
+from driver.monitoring.utilization import idle
+from driver.monitoring.utilization.monitor import MIB, duration, holders_of
+from driver.monitoring.utilization.sampler import Sampler
 
 HEALTH_FILE = Path("utilization") / "health.json"
 
@@ -156,7 +158,7 @@ def table(found: list[Row]) -> str:
 def main(config: Config, output: str) -> int:
     problems: list[str] = []
     found = collect(config, problems)
-    # What the running driver found at its start (driver/extendedresources.py).
+    # What the running driver found at its start (driver/publish/extendedresources.py).
     problems += [t.message(config.node_name) for t in extendedresources.recorded(config.state_dir)]
     for problem in problems:
         print(f"dra-driver status: {problem}", file=sys.stderr)

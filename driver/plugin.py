@@ -7,7 +7,7 @@ the registration socket goes first so the kubelet stops sending new calls, then 
 calls get a grace period. Slices are left in place for the next instance.
 
 During a seamless upgrade another instance of this driver runs beside this one, sharing
-the directories (driver/instance.py): the newest instance publishes, both serve.
+the directories (driver/state/instance.py): the newest instance publishes, both serve.
 """
 
 from __future__ import annotations
@@ -21,29 +21,32 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from driver import extendedresources, logs, preflight
+from driver.publish import extendedresources
+
+from driver import logs, preflight
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.cdi import CdiWriter, Mount
-from driver.checkpoint import Checkpoint, read_boot_id
-from driver.claims import ClaimReader
-from driver.claimstatus import StatusWriter
+from driver.prepare.cdi import CdiWriter, Mount
+from driver.state.checkpoint import Checkpoint, read_boot_id
+from driver.prepare.claims import ClaimReader
+from driver.prepare.claimstatus import StatusWriter
 from driver.config import Config
 from driver.devices import fingerprint, sysread
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
 from driver.devices.nvlibs import DriverFiles
-from driver.health import HealthState, Prober, XidWatcher
-from driver.hotplug import Rediscovery, UeventMonitor
-from driver.instance import Instance
-from driver.kube import ApiError, ClientConfigError, Kube
+from driver.monitoring.devicemetrics import DeviceSeries
+from driver.monitoring.health import HealthState, Prober, XidWatcher
+from driver.publish.hotplug import Rediscovery, UeventMonitor
+from driver.state.instance import Instance
+from driver.kube.client import ApiError, ClientConfigError, Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
 from driver.kubelet.registration import DRA_SERVICES, Registration
 from driver.kubelet.sockets import OwnedSocket
-from driver.locks import ProcessLock
+from driver.state.locks import ProcessLock
 from driver.metrics import Metrics
 from driver.node import NodeRoots, open_node
-from driver.prepare import Preparer
+from driver.prepare.preparer import Preparer
 from driver.prepare.devicestate import DeviceStates
 from driver.prepare.gpucontrol import GpuControl
 from driver.prepare.metadata import MetadataFiles
@@ -51,13 +54,13 @@ from driver.prepare.mig import MigPartitions, MigRecords
 from driver.prepare.mps import MpsDaemons
 from driver.prepare.sharing import DeviceSharing
 from driver.prepare.status import host_addresses
-from driver.probes import HttpEndpoint, Probes
-from driver.publisher import Publisher
-from driver.utilization import nodeview
-from driver.utilization.events import EventRecorder
-from driver.utilization.idle import IdleTracker
-from driver.utilization.monitor import UtilizationMonitor
-from driver.utilization.sampler import Sampler
+from driver.monitoring.probes import HttpEndpoint, Probes
+from driver.publish.publisher import Publisher
+from driver import nodeview
+from driver.monitoring.utilization.events import EventRecorder
+from driver.monitoring.utilization.idle import IdleTracker
+from driver.monitoring.utilization.monitor import UtilizationMonitor
+from driver.monitoring.utilization.sampler import Sampler
 
 GRACE_SECONDS = 5.0
 REGISTRATION_BACKOFF_CAP = 300.0
@@ -140,7 +143,8 @@ class Plugin:
         driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
 
         def driver_mounts() -> tuple[Mount, ...]:
-            return driver_files.mounts(holder.result.nvidia_driver_version)
+            files = driver_files.files(holder.result.nvidia_driver_version)
+            return tuple(Mount(f.host_path, f.container_path) for f in files)
 
         cdi_writer = CdiWriter(config.cdi_root, config.driver_name, instance)
         boot_id = read_boot_id(node.proc)
@@ -242,7 +246,7 @@ class Plugin:
                 Sampler(node.nvml, node.sysfs, inventory), tracker, checkpoint.records,
                 config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
                 status, leader)
-            metrics.watch_utilization(utilization.views)
+            metrics.watch_utilization(DeviceSeries(utilization.views, config.driver_name))
         return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                    health, prober, metrics, Probes(ready), instance, utilization, xid)
 
@@ -355,7 +359,7 @@ class Plugin:
 
     async def _check_extended_resources(self) -> None:
         """Once, at start: the extended resource names our DeviceClasses serve that the node
-        also advertises (a device plugin still running; driver/extendedresources.py)."""
+        also advertises (a device plugin still running; driver/publish/extendedresources.py)."""
         log = structlog.get_logger(component="extended-resources")
         node = self.config.node_name
         while True:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from driver.config import ConfigError, Config
-from driver.kubeconfig import SERVICE_ACCOUNT, ClientConfigError, check_kubeconfig, in_cluster
+from driver.kube.kubeconfig import SERVICE_ACCOUNT, ClientConfigError, check_kubeconfig, in_cluster
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 
@@ -93,7 +93,7 @@ def port_problem(err: OSError, port: int, option: str) -> str:
 def api_configuration(kubeconfig: Path | None, environ: Mapping[str, str] = os.environ,
                       account: Path = SERVICE_ACCOUNT) -> None:
     """The mistakes in the API server configuration that reading it shows, found by the
-    loader the client uses (driver/kubeconfig.py), run dry. `dra-driver run` makes its
+    loader the client uses (driver/kube/kubeconfig.py), run dry. `dra-driver run` makes its
     client only after it has offered the kubelet its registration socket; what only making
     the client finds (a client certificate that is not PEM, an exec plugin that fails) is
     then still one line and exit 2, but after start-up began."""

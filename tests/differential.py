@@ -336,13 +336,12 @@ def main() -> int:
 
 # -- the demo allocator -----------------------------------------------------------------------------------
 def demo_answer(sc: dict, node: str) -> dict | None:
-    """The demo allocator's answer (driver/sim/allocator.py), for the scenarios it models:
+    """The demo allocator's answer (driver/scheduling/allocator.py), for the scenarios it models:
     one pool of one driver on the node, no allocationMode All, no admin access, no pool
     that the scheduler refuses; None for the others."""
-    from driver import quantity
+    from driver.kube import quantity
     from driver.devices.model import Device, DeviceKind, Inventory, Version
-    from driver.sim import allocator
-
+    from driver.scheduling import allocator
     world = w.build(sc["slices"])
     on_node = world.on_node(node)
     if world.unusable_pools or {(d.driver, d.pool) for d in on_node} != {(DRIVER, node)}:

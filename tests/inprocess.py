@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import Future
 
 from driver.config import add_arguments, build
-from driver.kube import Kube
+from driver.kube.client import Kube
 from driver.plugin import Plugin
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs

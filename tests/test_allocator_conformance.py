@@ -11,7 +11,7 @@ import pytest
 
 from driver.explain import engine
 from driver.explain import world as w
-from driver.sim import allocator
+from driver.scheduling import allocator
 from driver.devices.model import Device, DeviceKind, Inventory
 
 DRIVER = "driver-a"

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from driver.explain import world as w
-from driver.sim import cel
-
+from driver.scheduling import cel
 DATA = Path(__file__).parent / "data" / "conformance"
 LIBRARY = json.loads((DATA / "cel_library.json").read_text())
 DRA = json.loads((DATA / "cel_dra.json").read_text())

@@ -13,7 +13,7 @@ import yaml
 
 from driver.devices.model import DeviceKind
 from driver.sim.apiserver import ApiServer, claim_allocated
-from driver.sim.cel import matches
+from driver.scheduling.cel import matches
 from tests.conftest import REPO, discover_profile
 
 CHART = REPO / "charts" / "dra-accel-driver"
@@ -220,7 +220,7 @@ def test_device_classes_select_exactly_their_kind(built):
     classes = {c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"]
                for c in by_kind(render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}}), "DeviceClass")}
     assert set(classes) == {f"{k}.{DRIVER}" for k in ("gpu", "mig", "fpga", "nic")}
-    from driver.deviceclasses import all_classes
+    from driver.publish.deviceclasses import all_classes
 
     assert {k: [v] for k, v in classes.items()} == all_classes(DRIVER), "demo and chart agree"
     devices = [d for p in ("mixed", "a100-mig") for d in built(p)[1].inventory.devices]
@@ -235,9 +235,9 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
     """Run the publisher (list, watch, writes, self-heal, cleanup) and prepare against the
     emulator, record every (verb, group, resource), compare with the ClusterRole."""
     from driver import cli
-    from driver.claims import ClaimReader, ClaimRef
-    from driver.kube import Kube, api_client
-    from driver.publisher import Publisher
+    from driver.prepare.claims import ClaimReader, ClaimRef
+    from driver.kube.client import Kube, api_client
+    from driver.publish.publisher import Publisher
     from tests.test_publisher import Holder, Running
 
     from driver.prepare.mps import MpsDaemons, MpsStarting
@@ -278,14 +278,14 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
 
         assert asyncio.run(read_pod()) is None
         # status.devices, written as after a prepare, against a 1.36 server.
-        from driver.claimstatus import StatusWriter
+        from driver.prepare.claimstatus import StatusWriter
 
         writer = StatusWriter(kube, DRIVER)
         writer.publish(ClaimRef("default", "c", uid), [])
         assert writer.wait_idle(10)
         writer.close()
-        # An idle claim's Event (driver/utilization/).
-        from driver.utilization.events import ClaimEvent, EventRecorder
+        # An idle claim's Event (driver/monitoring/utilization/).
+        from driver.monitoring.utilization.events import ClaimEvent, EventRecorder
 
         EventRecorder(kube, DRIVER, "node-a").post(ClaimEvent("default", "c", uid, "DeviceIdle",
                                                               "Idle", "idle"))

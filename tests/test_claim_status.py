@@ -130,9 +130,9 @@ def test_a_rejected_status_write_is_retried_and_never_fails_the_prepare(env):
 
 
 def test_failed_writes_are_counted_in_the_metric(tmp_path):
-    from driver.claimstatus import DeviceStatus, StatusWriter
-    from driver.claims import ClaimRef
-    from driver.kube import Kube, api_client
+    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
+    from driver.prepare.claims import ClaimRef
+    from driver.kube.client import Kube, api_client
     from driver.metrics import Metrics
     from driver.sim.apiserver import claim_allocated
 

@@ -1,6 +1,6 @@
 """The chart's ValidatingAdmissionPolicy for opaque configs and the driver's decoder give
 the same verdict on the same configs: one table, fed to both. The policy's CEL runs on
-cel-python with the Kubernetes quantity functions (driver/sim/cel.py), as the API server
+cel-python with the Kubernetes quantity functions (driver/scheduling/cel.py), as the API server
 would run it; the API server's own 10 KiB limit on parameters stands beside it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import celpy
 import kubernetes_validate
 import pytest
 
-from driver import opaque
-from driver.sim import cel as k8s_cel
+from driver.prepare import opaque
+from driver.scheduling import cel as k8s_cel
 from tests.test_chart import by_kind, render
 
 DRIVER = "accel.dra.io"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 
-from driver.checkpoint import State
+from driver.state.checkpoint import State
 from driver.sim.apiserver import ApiServer, Fault
 from tests.cdi_check import check_spec
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess

@@ -47,7 +47,6 @@ def test_demo_runs():
 def _demo(*args: str, cdi_root=None) -> tuple[int, list[str], list[str]]:
     """The demo in this process (it still runs the driver as a real process)."""
     from driver import demo
-
     out, err = [], []
     profile = args[args.index("--profile") + 1] if "--profile" in args else "mixed"
     claim = Path(args[args.index("--claim") + 1]) if "--claim" in args else None

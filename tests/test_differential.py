@@ -17,7 +17,7 @@ import pytest
 
 import differential as diff
 from driver.explain import world as w
-from driver.sim import cel
+from driver.scheduling import cel
 from test_cel_conformance import DRA
 
 COUNT = int(os.environ.get("DIFFERENTIAL_COUNT", "150"))

@@ -11,12 +11,14 @@ import sys
 import kubernetes_validate
 import pytest
 
-from driver import cli, slices
+from driver import cli
+
+from driver.publish import slices
 from driver.devices import mock
 from driver.devices.discovery import Sources, discover
 from driver.devices.model import PCIE_ROOT, DeviceKind, Version
 from tests.conftest import discover_profile
-from driver.sim.k8s_limits import slice_errors
+from driver.scheduling.k8s_limits import slice_errors
 
 K8S_VERSIONS = ("1.34.0", "1.37.0")  # first and newest with resource.k8s.io/v1
 
@@ -250,8 +252,8 @@ def test_nvml_missing_beside_nvidia_gpus_is_a_warning(tmp_path):
 
 def test_an_empty_node_publishes_no_slice_and_removes_old_ones(tmp_path):
     from driver.devices.model import Inventory
-    from driver.kube import Kube, api_client
-    from driver.publisher import Publisher
+    from driver.kube.client import Kube, api_client
+    from driver.publish.publisher import Publisher
     from driver.sim.apiserver import ApiServer
 
     _, result = discover_profile("alveo", tmp_path / "m")

@@ -9,16 +9,18 @@ import itertools
 import kubernetes_validate
 import pytest
 
-from driver import quantity, slices
+from driver.kube import quantity
+
+from driver.publish import slices
 from driver.devices import mock
 from driver.devices.discovery import discover
 from driver.devices.mock import catalog
 from driver.devices.mock.profile import parse
 from driver.devices.model import DeviceKind
 from driver.devices.net import NicFilter
-from driver.kube import Kube, api_client
+from driver.kube.client import Kube, api_client
 from driver.sim.apiserver import ApiServer
-from driver.sim.k8s_limits import pool_counter_errors, slice_errors
+from driver.scheduling.k8s_limits import pool_counter_errors, slice_errors
 
 MODELS = ("a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200")
 POOL = slices.PoolIdentity("accel.dra.io", "node-a", "uid-1")

@@ -14,11 +14,11 @@ import pytest
 from driver.devices import mock
 from driver.devices.mock.profile import parse
 from driver.devices.model import DeviceKind
-from driver.checkpoint import ClaimRecord, PreparedDevice, State
+from driver.state.checkpoint import ClaimRecord, PreparedDevice, State
 from driver.prepare.mig import MigError, MigPartitions, MigRecord, MigRecords
-from driver.instance import Instance
+from driver.state.instance import Instance
 from driver.sim.apiserver import ApiServer, claim_allocated
-from driver.sim.k8s_limits import pool_counter_errors
+from driver.scheduling.k8s_limits import pool_counter_errors
 from driver.sim.kubelet import Claim
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
 from driver.devices.discovery import discover
@@ -319,7 +319,7 @@ def test_mig_mode_the_driver_turned_on_goes_off_with_the_last_partition(h100):
 
 
 def test_an_xid_in_a_created_partition_marks_that_partition_only(h100):
-    from driver.health import HealthState, XidWatcher
+    from driver.monitoring.health import HealthState, XidWatcher
 
     built, inventory, partitions = h100
     device = inventory.get(f"{GPU}-mig-3g-40gb-4")

@@ -7,11 +7,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver import opaque, slices
+from driver.prepare import opaque
+
+from driver.publish import slices
 from driver.devices import mock
 from driver.devices.model import DeviceKind
-from driver.sim.allocator import Shares, Unsatisfiable, allocate
-from driver.sim.cel import matches
+from driver.scheduling.allocator import Shares, Unsatisfiable, allocate
+from driver.scheduling.cel import matches
 from tests.conftest import REPO
 from tests.test_chart import by_kind, render
 

@@ -20,8 +20,8 @@ from driver.demo import _inventory_from_slices
 from driver.devices.mock import builtin_profiles
 from driver.explain import engine, sources
 from driver.explain import world as w
-from driver.sim import cel
-from driver.sim.allocator import Unsatisfiable, allocate, allocation_results
+from driver.scheduling import cel
+from driver.scheduling.allocator import Unsatisfiable, allocate, allocation_results
 from driver.sim.apiserver import ApiServer, claim_allocated
 from tests.conftest import REPO
 from tests.test_examples import DYNAMIC_MIG, INTENT, load

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from driver import extendedresources
+from driver.publish import extendedresources
 from driver.cli import parser
 from driver.config import ConfigError, build
 from driver.sim.apiserver import ApiServer

@@ -1,5 +1,5 @@
 """Group commit of claims' local changes (driver/prepare/committer.py) and the writes
-under it (driver/atomic.py WriteGroup, driver/checkpoint.py `group`).
+under it (driver/state/atomic.py WriteGroup, driver/state/checkpoint.py `group`).
 
 What must hold: nothing is renamed into place before its fsync; a caller hears back only
 after its group's commit; N records cost N file fsyncs and one directory fsync; a failed
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from driver import atomic, cdi
-from driver.checkpoint import Checkpoint, ClaimRecord, State
-from driver.claims import ClaimRef
-from driver.instance import Instance
-from driver.locks import ProcessLock
-from driver.prepare import Preparer
+from driver.state import atomic
+
+from driver.prepare import cdi
+from driver.state.checkpoint import Checkpoint, ClaimRecord, State
+from driver.prepare.claims import ClaimRef
+from driver.state.instance import Instance
+from driver.state.locks import ProcessLock
+from driver.prepare.preparer import Preparer
 from driver.prepare.committer import GroupCommitter
 from tests.conftest import discover_profile
 

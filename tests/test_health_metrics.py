@@ -18,7 +18,7 @@ from driver._proto.health.v1 import api_pb2_grpc as hgrpc_v1
 from driver._proto.health.v1alpha1 import api_pb2 as hpb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as hgrpc
 from driver.devices.model import DeviceKind, Inventory
-from driver.health import HealthState, Prober
+from driver.monitoring.health import HealthState, Prober
 from driver.sim.apiserver import ApiServer, claim_allocated
 from tests.driverproc import DRIVER, DriverDirs
 from driver.sim.kubelet import Claim, FakeKubelet

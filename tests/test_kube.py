@@ -1,4 +1,4 @@
-"""driver/kube.py against the API emulator: what goes back into the connection pool.
+"""driver/kube/client.py against the API emulator: what goes back into the connection pool.
 
 A pooled keep-alive connection must hold nothing of an earlier response; otherwise the
 next request on it (a claim GET during a prepare) reads that instead of its own answer
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from driver.kube import ApiError, Kube
-from driver.publisher import Publisher
+from driver.kube.client import ApiError, Kube
+from driver.publish.publisher import Publisher
 from driver.sim.apiserver import TOKEN, ApiServer, Fault, claim_allocated
 from tests.conftest import discover_profile
 

@@ -1,9 +1,9 @@
-"""driver/kubeaio.py: Prepare's claim GETs on the event loop.
+"""driver/kube/asyncclient.py: Prepare's claim GETs on the event loop.
 
 Against the API emulator (which answers as Go's net/http does: chunked above 2 KiB, and
 it can drop connections or close them after each answer), over HTTP and HTTPS, and
 against a raw socket server for answers the emulator never gives (HTTP/1.0, trailers,
-a 100 Continue, malformed ones). Every answer must read as driver/kube.py's threaded
+a 100 Continue, malformed ones). Every answer must read as driver/kube/client.py's threaded
 client reads it, and a connection goes back to the pool only after a whole answer."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import urllib.parse
 import pytest
 import trustme
 
-from driver.claims import ClaimError, ClaimReader, ClaimRef
-from driver.kube import ApiClient, ApiError, Kube, NotFound, api_client
-from driver.kubeaio import MAX_BODY_BYTES, LoopGets
-from driver.kubeconfig import ApiConfig
+from driver.prepare.claims import ClaimError, ClaimReader, ClaimRef
+from driver.kube.client import ApiClient, ApiError, Kube, NotFound, api_client
+from driver.kube.asyncclient import MAX_BODY_BYTES, LoopGets
+from driver.kube.kubeconfig import ApiConfig
 from driver.sim.apiserver import GO_CHUNKING_BYTES, TOKEN, ApiServer, Fault, claim_allocated
 from tests.test_kubeconfig import b64, server_context, write_kubeconfig
 

@@ -1,4 +1,4 @@
-"""driver/kubeconfig.py and the HTTP layer of driver/kube.py against the API emulator over
+"""driver/kube/kubeconfig.py and the HTTP layer of driver/kube/client.py against the API emulator over
 HTTPS: server CAs, client certificates, in-cluster service accounts whose tokens rotate,
 exec credential plugins, and the messages for kubeconfigs that cannot work.
 
@@ -21,10 +21,10 @@ import pytest
 import trustme
 
 import driver
-import driver.kube
+import driver.kube.client
 
-from driver import kubeconfig
-from driver.kube import ApiError, ClientConfigError, Kube, api_client
+from driver.kube import kubeconfig
+from driver.kube.client import ApiError, ClientConfigError, Kube, api_client
 from driver.sim.apiserver import TOKEN, ApiServer
 
 DISCOVERY = "/apis/resource.k8s.io"
@@ -150,7 +150,7 @@ def test_in_cluster_reads_the_service_account_and_a_rotated_token(ca, tmp_path, 
         environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
         config = kubeconfig.in_cluster(environ, account)
         assert config.server == f"https://127.0.0.1:{port}"
-        monkeypatch.setattr(driver.kube, "in_cluster", lambda: config)
+        monkeypatch.setattr(driver.kube.client, "in_cluster", lambda: config)
         kube = Kube(api_client(None))
         assert kube.request("GET", DISCOVERY)["name"] == "resource.k8s.io"
         # The kubelet rotates the projected token; the server takes only the new one.
@@ -188,7 +188,7 @@ def test_in_cluster_messages_name_what_is_missing(tmp_path, monkeypatch):
     (account / "token").write_text("t")
     config = kubeconfig.in_cluster({**environ, "KUBERNETES_SERVICE_HOST": "fd00::1"}, account)
     assert config.server == "https://[fd00::1]:443"
-    monkeypatch.setattr(driver.kube, "in_cluster", lambda: config)
+    monkeypatch.setattr(driver.kube.client, "in_cluster", lambda: config)
     with pytest.raises(ClientConfigError, match="^in-cluster service account: cannot use its TLS"):
         api_client(None)  # ca.crt is not a certificate
 
@@ -233,7 +233,7 @@ def test_a_static_kubeconfig_never_imports_the_kubernetes_package(tmp_path):
     """The point of reading kubeconfigs ourselves: ~18 MiB and ~0.2 s saved."""
     with ApiServer() as api:
         path = api.kubeconfig(tmp_path)
-        code = ("import sys; from driver.kube import Kube, api_client; import driver.plugin; "
+        code = ("import sys; from driver.kube.client import Kube, api_client; import driver.plugin; "
                 f"print(Kube(api_client({str(path)!r})).request('GET', {DISCOVERY!r})['name'], "
                 "'kubernetes' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

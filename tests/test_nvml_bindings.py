@@ -16,7 +16,7 @@ import pytest
 from driver.devices import mock
 from driver.devices.discovery import discover
 from driver.devices.model import DeviceKind
-from driver.health import HealthState, XidWatcher
+from driver.monitoring.health import HealthState, XidWatcher
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "data" / "nvml"

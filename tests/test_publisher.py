@@ -15,11 +15,11 @@ import pytest
 from driver.devices import mock
 from driver.devices.discovery import discover
 from driver.devices.model import DeviceKind, Inventory
-from driver.hotplug import Rediscovery
-from driver.kube import ApiError, Kube, api_client
-from driver.publisher import Publisher
+from driver.publish.hotplug import Rediscovery
+from driver.kube.client import ApiError, Kube, api_client
+from driver.publish.publisher import Publisher
 from driver.sim.apiserver import ApiServer, Fault
-from driver.sim.k8s_limits import slice_errors
+from driver.scheduling.k8s_limits import slice_errors
 from tests.conftest import discover_profile
 
 DRIVER = "accel.dra.io"
@@ -201,7 +201,6 @@ def test_scale_2048_devices(api, built, tmp_path):
 
 def test_cleanup_command_deletes_only_this_nodes_slices(api, tmp_path):
     from driver import cli
-
     _, result = discover_profile("mixed", tmp_path / "m")
     make_publisher(api, tmp_path, Holder(result.inventory)).reconcile()
     other = Publisher(make_publisher(api, tmp_path, Holder(result.inventory)).kube, DRIVER, "node-b",
@@ -388,7 +387,7 @@ def test_zero_writes_when_nothing_changed_on_every_profile(api, built, tmp_path,
 def test_the_server_rewrites_some_quantities_we_publish(api, built, tmp_path):
     """Keeps the test above honest: at least one profile publishes a spelling the server
     changes, so a string comparison would fail it."""
-    from driver.quantity import canonical
+    from driver.kube.quantity import canonical
 
     rewritten = [(p, d.name, q) for p in sorted(mock.builtin_profiles())
                  for d in built(p)[1].inventory.devices for q in d.capacity.values() if canonical(q) != q]
@@ -452,7 +451,7 @@ def test_an_older_instance_stands_by_while_a_newer_one_publishes(api, tmp_path):
     """Two versions side by side with different inventories: the newer writes once, the
     older writes nothing (no ping-pong), and takes over when the newer one is gone."""
     from driver.devices.model import Inventory
-    from driver.instance import Instance
+    from driver.state.instance import Instance
 
     _, result = discover_profile("mixed", tmp_path / "m")
     old_inventory = result.inventory
@@ -479,7 +478,7 @@ def test_an_older_instance_stands_by_while_a_newer_one_publishes(api, tmp_path):
     old_instance.release()
 
 
-# -- the watch-fed copy of our slices (driver/slicecache.py) ------------------------------------
+# -- the watch-fed copy of our slices (driver/publish/slicecache.py) ------------------------------------
 
 def watch_events(api, tmp_path, **query) -> list[dict]:
     kube = Kube(api_client(api.kubeconfig(tmp_path)))
@@ -637,7 +636,7 @@ def test_random_outside_changes_and_inventories_converge(api, tmp_path):
 # -- unhealthy devices: nothing before the first health pass, timeAdded kept (issue 28.13) ------
 
 def _health(built, profile):
-    from driver.health import HealthState, Prober
+    from driver.monitoring.health import HealthState, Prober
 
     node, result = built(profile)
     state = HealthState(DRIVER, lambda: result.inventory)

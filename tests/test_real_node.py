@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from driver.devices import mock
-from driver.mps_daemon import CHROOT_DIRECTORY, DaemonError, MpsPaths, launch
+from driver.prepare.mps_daemon import CHROOT_DIRECTORY, DaemonError, MpsPaths, launch
 from driver.prepare.mps import DAEMON_DRIVER_ROOT, MpsDaemons
 from driver.prepare.setup import Setup
 from driver.sim.apiserver import ApiServer

@@ -1,5 +1,5 @@
 """Rediscovery in proportion to change (driver/devices/discovery.py with `Changes`,
-driver/devices/fingerprint.py, driver/hotplug.py): after random hotplug sequences the
+driver/devices/fingerprint.py, driver/publish/hotplug.py): after random hotplug sequences the
 incremental result equals a full discovery, both when uevents name what changed and
 when only the periodic fingerprint can tell."""
 
@@ -17,7 +17,7 @@ import pytest
 from driver.devices import fingerprint, mock
 from driver.devices.sysread import HeldDirs
 from driver.devices.discovery import Changes, discover
-from driver.hotplug import Rediscovery
+from driver.publish.hotplug import Rediscovery
 
 PROFILE = """
 nvidia: {driverVersion: "550.54.15", cudaDriverVersion: 12040}

@@ -14,7 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from driver import quantity
+from driver.kube import quantity
 from driver.devices.mock.gpustate import GpuStateStore
 from driver.sim.apiserver import ApiServer, Fault, claim_allocated
 from driver.sim.kubelet import Claim

@@ -11,19 +11,21 @@ from decimal import Decimal
 
 import pytest
 
-from driver import opaque, slices
-from driver.claims import ClaimError
+from driver.prepare import opaque
+
+from driver.publish import slices
+from driver.prepare.claims import ClaimError
 from driver.devices import mock
 from driver.devices.model import DeviceKind
-from driver.kube import Kube, api_client
-from driver.mps_daemon import control_answers
+from driver.kube.client import Kube, api_client
+from driver.prepare.mps_daemon import control_answers
 from driver.prepare import setup as setups
 from driver.prepare import shares
 from driver.prepare.gpucontrol import GpuControl, GpuControlError
-from driver.publisher import Publisher
-from driver.sim.allocator import Shares, _round
+from driver.publish.publisher import Publisher
+from driver.scheduling.allocator import Shares, _round
 from driver.sim.apiserver import ApiServer
-from driver.sim.k8s_limits import request_policy_errors, slice_errors
+from driver.scheduling.k8s_limits import request_policy_errors, slice_errors
 from tests.conftest import discover_profile
 
 GIB = 1 << 30
@@ -296,7 +298,7 @@ def test_mock_mps_control_daemon_behaves_like_the_real_one(h100, tmp_path):
 
 
 def test_two_shares_of_one_claim_on_one_gpu_are_added_up(h100, tmp_path):
-    from driver.checkpoint import PreparedDevice
+    from driver.state.checkpoint import PreparedDevice
     from driver.prepare.sharing import DeviceSharing, use_of
 
     _, gpus = h100
@@ -318,7 +320,7 @@ def test_memory_only_shares_pack_beside_a_compute_share(h100):
     nothing fitted beside it. Now it reserves none: three 20Gi shares and a 30% share all
     land on one GPU, and the memory-only ones get no compute cap."""
     from driver.devices.model import Inventory
-    from driver.sim.allocator import Shares, allocate
+    from driver.scheduling.allocator import Shares, allocate
 
     _, gpus = h100
     gpu = gpus[0]

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from driver.instance import Instance
-from driver.kube import Kube, api_client
+from driver.state.instance import Instance
+from driver.kube.client import Kube, api_client
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs
 from tests.inprocess import InProcessPlugin

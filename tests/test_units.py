@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from driver import cdi, edits, names, opaque, slices
-from driver.cdi import CdiDevice, ContainerEdits, DeviceNode, NetDevice
-from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
+from driver.prepare import cdi, edits, opaque
+
+from driver.kube import names
+
+from driver.publish import slices
+from driver.prepare.cdi import CdiDevice, ContainerEdits, DeviceNode, NetDevice
+from driver.state.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
 from driver.devices.model import Device, DeviceKind, Inventory, Version
-from driver.instance import Instance
-from driver.locks import KeyedLocks
+from driver.state.instance import Instance
+from driver.state.locks import KeyedLocks
 from tests.cdi_check import SCHEMA_DIR, check_spec, schema_errors
 
 
@@ -106,7 +110,7 @@ def test_our_cdi_checks_catch_invalid_specs_and_versions_not_the_minimum(change,
 
 @pytest.mark.skipif(not SCHEMA_DIR.is_dir(), reason=f"upstream CDI schema not found at {SCHEMA_DIR} (optional extra check)")
 def test_specs_for_every_device_of_every_profile_match_the_upstream_schema(built):
-    from driver.opaque import NicConfig
+    from driver.prepare.opaque import NicConfig
 
     assert schema_errors(GOOD_SPEC) == []
     for profile in ("mixed", "a100-mig", "alveo", "dfl", "sriov"):
@@ -206,9 +210,9 @@ def test_slices_keep_a_pf_and_its_vfs_together():
 def test_an_internal_error_fails_one_claim_not_the_request(tmp_path):
     """A bug reached by one claim (here: a reader that raises KeyError) becomes that claim's
     error; the other claim of the request is prepared."""
-    from driver.claims import ClaimRef
-    from driver.locks import ProcessLock
-    from driver.prepare import Preparer
+    from driver.prepare.claims import ClaimRef
+    from driver.state.locks import ProcessLock
+    from driver.prepare.preparer import Preparer
     from tests.conftest import discover_profile
 
     node, result = discover_profile("mixed", tmp_path / "m")
@@ -262,8 +266,7 @@ def test_instances_in_one_process_are_told_apart_and_sweeps_spare_the_living(tmp
     token; a sweep removes a dead instance's leftovers and never a live one's."""
     import os
 
-    from driver import atomic
-
+    from driver.state import atomic
     state, cdi_root = tmp_path / "state", tmp_path / "cdi"
     old = Instance.register(state, "old-pod-uid")
     new = Instance.register(state, "new-pod-uid")
@@ -402,7 +405,6 @@ def test_logs_are_console_lines_on_a_terminal_and_json_otherwise():
     import structlog
 
     from driver import logs
-
     class Terminal(io.StringIO):
         def isatty(self):
             return True

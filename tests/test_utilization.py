@@ -1,4 +1,4 @@
-"""Utilization and idle claims (driver/utilization/): the fake NVML library's scripted load
+"""Utilization and idle claims (driver/monitoring/utilization/): the fake NVML library's scripted load
 read through the real nvidia-ml-py, the sampler, metrics joined with claims, idle timers
 across restarts, one Event per idle period, the Idle condition, and `dra-driver status`."""
 
@@ -15,19 +15,19 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver import devicemetrics
-from driver.checkpoint import ClaimRecord, PreparedDevice, State
+from driver.monitoring import devicemetrics
+from driver.state.checkpoint import ClaimRecord, PreparedDevice, State
 from driver.devices.discovery import discover
 from driver.devices.mock import load as load_profile
 from driver.devices.mock import tree
-from driver.kube import ApiError
+from driver.kube.client import ApiError
 from driver.metrics import Metrics
 from driver.sim import events as server_events
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import FakeKubelet
-from driver.utilization.idle import Holder, IdleTracker, is_idle
-from driver.utilization.monitor import DeviceView, UtilizationMonitor, duration
-from driver.utilization.sampler import Sample, Sampler
+from driver.monitoring.utilization.idle import Holder, IdleTracker, is_idle
+from driver.monitoring.utilization.monitor import DeviceView, UtilizationMonitor, duration
+from driver.monitoring.utilization.sampler import Sample, Sampler
 from driver.devices.model import DeviceKind
 from tests.driverproc import DRIVER, DriverDirs
 from tests.inprocess import InProcessPlugin
@@ -177,7 +177,7 @@ def test_nic_counters_are_read_when_metrics_are_scraped_not_every_tick(tmp_path)
     monitor = UtilizationMonitor(sampler, IdleTracker(tmp_path / "state", "me", 0.05, 1800),
                                  lambda: [record("uid-n", nic.name)], "node-a")
     metrics = Metrics(DRIVER)
-    metrics.watch_utilization(monitor.views)
+    metrics.watch_utilization(devicemetrics.DeviceSeries(monitor.views, metrics.driver))
     try:
         assert series(metrics, "allocated") == {}, "nothing to show before the first tick"
         (stats / "rx_bytes").write_text("1000\n")
@@ -216,7 +216,7 @@ def monitored(tmp_path):
                                  IdleTracker(tmp_path / "state", "me", 0.05, 1800),
                                  lambda: records, "node-a", clock=clock)
     metrics = Metrics(DRIVER)
-    metrics.watch_utilization(monitor.views)
+    metrics.watch_utilization(devicemetrics.DeviceSeries(monitor.views, metrics.driver))
     monitor.tick()
     return node, inventory, records, clock, monitor, metrics
 
@@ -309,7 +309,7 @@ def test_idle_timer_survives_a_restart_and_each_period_is_reported_once(tmp_path
     state = tmp_path / "state"
     clock = Clock()
     held = {GPU: [record("uid-a", GPU)]}
-    from driver.utilization.monitor import holders_of
+    from driver.monitoring.utilization.monitor import holders_of
 
     holders = holders_of(held[GPU])
     tracker = IdleTracker(state, "me", 0.05, 1800)
@@ -576,7 +576,7 @@ def test_series_carry_the_labels_dcgm_exporter_users_join_on(tmp_path):
                                      IdleTracker(tmp_path / "mig-state", "me", 0.05, 1800),
                                      lambda: [record("uid-m", mig.name)], "node-b")
     mig_metrics = Metrics(DRIVER)
-    mig_metrics.watch_utilization(mig_monitor.views)
+    mig_metrics.watch_utilization(devicemetrics.DeviceSeries(mig_monitor.views, mig_metrics.driver))
     mig_monitor.tick()
     (found,) = [s for s in labelled(mig_metrics, "memory_used_bytes") if s["device"] == mig.name]
     assert found["UUID"] == mig.attributes["parentUUID"], "dcgm-exporter: the parent GPU's UUID"

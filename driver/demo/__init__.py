@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from driver import deviceclasses, quantity
+from driver.publish import deviceclasses
+
+from driver.kube import quantity
 from driver.demo import podman
 from driver.demo.claims import BUILTIN, ClaimFileError, DemoClaim, fill, from_file
 from driver.devices.model import Device, DeviceKind, Inventory
@@ -470,7 +472,7 @@ def main(profile: str = "mixed", driver: str = "accel.dra.io", out: Callable[[st
 def _main(profile: str, driver: str, out: Callable[[str], None], claim_file: Path | None,
           err: Callable[[str], None], cdi_root: Path | None, mig_mode: str) -> int:
     try:
-        from driver.sim.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
+        from driver.scheduling.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
     except ImportError as error:
         err(f"dra-driver demo: the demo needs the [demo] extra (cel-python): pip install '.[demo]' ({error})")
         return EXIT_USAGE
@@ -515,7 +517,7 @@ def _inventory_from_slices(stored: list[dict], driver: str):
     """Devices as the scheduler sees them: from the published slices, not from discovery;
     the capacity of those that allow multiple allocations, the counters, and the taints."""
     from driver.devices.model import Version
-    from driver.sim.allocator import Counters, Shares
+    from driver.scheduling.allocator import Counters, Shares
 
     devices = []
     shares = Shares()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from driver.opaque import API_VERSION
+from driver.prepare.opaque import API_VERSION
 
 
 EXPECT_ANNOTATION = "accel.dra.io/demo-expect"  # "pending": the claim is meant not to fit

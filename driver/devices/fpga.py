@@ -11,7 +11,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from driver import names
+from driver.kube import names
 from driver.devices import pci
 from driver.devices.model import AttributeSet, Device, DeviceKind
 from driver.devices.pciids import PciIds

@@ -20,7 +20,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from driver import names
+from driver.kube import names
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
 from driver.devices.problems import Problems
 

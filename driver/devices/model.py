@@ -12,8 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
-from driver import names
-
+from driver.kube import names
 # The standard attribute names every DRA driver uses for cross-driver alignment.
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

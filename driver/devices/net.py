@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver import names
+from driver.kube import names
 from driver.devices import pci
 from driver.devices.model import AttributeSet, Device, DeviceKind
 from driver.devices.pciids import PciIds

@@ -10,9 +10,8 @@ on PATH, so no ldcache hook is needed. Each library is mounted under its SONAME
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-
-from driver.cdi import Mount
 
 LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
                 "lib/x86_64-linux-gnu", "lib64")
@@ -27,17 +26,26 @@ LIBRARIES = {
     "libnvidia-gpucomp.so": "libnvidia-gpucomp.so",
 }
 BINARIES = ("nvidia-smi", "nvidia-debugdump")
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """One file of the installation: where the runtime finds it on the host, and where a
+    container gets it (the prepare side makes a CDI bind mount of it)."""
+
+    host_path: str
+    container_path: str
 CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_BIN_DIR = "/usr/local/nvidia/bin"
 
 
-def find(local_root: Path, host_root: Path, version: str | None) -> tuple[Mount, ...]:
-    """Mounts for the driver files of `version` found under `local_root` (where this process
+def find(local_root: Path, host_root: Path, version: str | None) -> tuple[DriverFile, ...]:
+    """The driver files of `version` found under `local_root` (where this process
     sees the driver installation), with host paths under `host_root` (where the runtime
     will find them). Without a version (no NVML), nothing."""
     if not version:
         return ()
-    mounts: list[Mount] = []
+    mounts: list[DriverFile] = []
     seen: set[str] = set()
     for directory in LIBRARY_DIRS:
         for prefix, soname in LIBRARIES.items():
@@ -46,13 +54,13 @@ def find(local_root: Path, host_root: Path, version: str | None) -> tuple[Mount,
             relative = Path(directory) / f"{prefix}.{version}"
             if (local_root / relative).is_file():
                 seen.add(soname)
-                mounts.append(Mount(str(host_root / relative), f"{CONTAINER_LIB_DIR}/{soname}"))
+                mounts.append(DriverFile(str(host_root / relative), f"{CONTAINER_LIB_DIR}/{soname}"))
     for directory in BINARY_DIRS:
         for binary in BINARIES:
             relative = Path(directory) / binary
             if binary not in seen and os.access(local_root / relative, os.X_OK):
                 seen.add(binary)
-                mounts.append(Mount(str(host_root / relative), f"{CONTAINER_BIN_DIR}/{binary}"))
+                mounts.append(DriverFile(str(host_root / relative), f"{CONTAINER_BIN_DIR}/{binary}"))
     return tuple(mounts)
 
 
@@ -63,9 +71,9 @@ class DriverFiles:
     def __init__(self, local_root: Path, host_root: Path) -> None:
         self.local_root = local_root
         self.host_root = host_root
-        self._cache: dict[str | None, tuple[Mount, ...]] = {}
+        self._cache: dict[str | None, tuple[DriverFile, ...]] = {}
 
-    def mounts(self, version: str | None) -> tuple[Mount, ...]:
+    def files(self, version: str | None) -> tuple[DriverFile, ...]:
         if version not in self._cache:
             self._cache = {version: find(self.local_root, self.host_root, version)}
         return self._cache[version]

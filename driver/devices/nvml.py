@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import structlog
 
-from driver import names
+from driver.kube import names
 from driver.devices import migdynamic, nvlibs, pci
 from driver.devices.model import AttributeSet, Device, DeviceKind, PciLocation
 from driver.devices.problems import DeviceError, Problems

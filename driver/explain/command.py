@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
-    from driver.kube import ApiError
+    from driver.kube.client import ApiError
 
     try:
         explanations = _explanations(args)
@@ -123,7 +123,7 @@ def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,
 
 
 def _kube(kubeconfig: Path | None):
-    from driver.kube import ClientConfigError, Kube, api_client
+    from driver.kube.client import ClientConfigError, Kube, api_client
 
     path = kubeconfig
     if path is None and os.environ.get("KUBECONFIG"):

@@ -1,6 +1,6 @@
 """The claim's opaque configs for our driver, judged as the cluster would judge them.
 
-A config our decoder (driver/opaque.py) rejects is rejected by the chart's admission
+A config our decoder (driver/prepare/opaque.py) rejects is rejected by the chart's admission
 policy when the claim is applied (tests/test_config_policy.py keeps the two in step), and
 fails the claim's prepare on any node where the policy is not installed: the claim fits
 nowhere, whatever its devices. A config aimed at a request (`requests: [...]`) whose
@@ -10,7 +10,7 @@ on that node. Configs for other drivers are theirs to judge.
 
 from __future__ import annotations
 
-from driver import opaque
+from driver.prepare import opaque
 from driver.explain import engine
 from driver.explain import world as w
 

@@ -3,7 +3,7 @@ in the scheduler's order (DeviceClass selectors, the request's selectors, taints
 claims' allocations, consumable capacity, shared counters), then the combinations: counts,
 `matchAttribute` / `distinctAttribute` constraints and counters across the chosen devices.
 
-It follows the allocator the demo uses (driver/sim/allocator.py) and reuses its capacity
+It follows the allocator the demo uses (driver/scheduling/allocator.py) and reuses its capacity
 rounding and counter bookkeeping, so that the two agree; tests hold them to it. One
 difference is deliberate: the scheduler stops at the first CEL runtime error it meets,
 which depends on the order it visits devices; here every device is evaluated and any
@@ -16,10 +16,10 @@ import itertools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from driver import quantity as quantities
+from driver.kube import quantity as quantities
 from driver.explain import world as w
-from driver.sim import cel, taints
-from driver.sim.allocator import Counters, Shares, _canonical
+from driver.scheduling import cel, taints
+from driver.scheduling.allocator import Counters, Shares, _canonical
 
 FITS = "fits"
 # Reason codes, in the order they are checked.

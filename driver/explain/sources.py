@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from driver import deviceclasses, slices
+from driver.publish import deviceclasses, slices
 from driver.demo.claims import yaml_problem
 
 MOCK_NODE = "mock-node"
@@ -145,7 +145,7 @@ def pick(claims: list[Claim], name: str | None, namespace: str | None, where: st
 def resource_version(kube) -> str:
     """The resource.k8s.io version the cluster serves; an unreachable server, or one that
     serves no resource.k8s.io, is a SourceError naming the server (exit 2: not a verdict)."""
-    from driver.kube import ApiError, NotFound
+    from driver.kube.client import ApiError, NotFound
 
     client = getattr(kube, "client", None)
     server = getattr(getattr(client, "config", None), "server", None) or "the API server"
@@ -164,7 +164,7 @@ def resource_version(kube) -> str:
 def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
     """ResourceSlices, DeviceClasses, ResourceClaims (all namespaces where allowed), the
     claim's Namespace and DeviceTaintRules; and notes on what could not be read."""
-    from driver.kube import ApiError, NotFound
+    from driver.kube.client import ApiError, NotFound
 
     notes: list[str] = []
     base = f"/apis/resource.k8s.io/{resource_version(kube)}"
@@ -203,7 +203,7 @@ def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
 
 
 def cluster_claim(kube, name: str, namespace: str) -> Claim:
-    from driver.kube import ApiError, NotFound
+    from driver.kube.client import ApiError, NotFound
 
     version = resource_version(kube)
     for kind, resource in (("ResourceClaim", "resourceclaims"), ("ResourceClaimTemplate", "resourceclaimtemplates")):

@@ -13,12 +13,11 @@ from __future__ import annotations
 import difflib
 import re
 
-from driver import names
-from driver import quantity as quantities
+from driver.kube import names
+from driver.kube import quantity as quantities
 from driver.explain import engine
 from driver.explain import world as w
-from driver.sim import cel
-
+from driver.scheduling import cel
 _QUANTITY_LITERAL = re.compile(r'quantity\("([^"]*)"\)')
 _SEMVER_LITERAL = re.compile(r'semver\("([^"]*)"\)')
 _UNIT_TWIN = {"k": "Ki", "M": "Mi", "G": "Gi", "T": "Ti", "P": "Pi", "E": "Ei"}

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Iterable
 
-from driver import quantity as quantities
-from driver.sim import cel
-
+from driver.kube import quantity as quantities
+from driver.scheduling import cel
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 
 

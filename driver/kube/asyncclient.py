@@ -1,6 +1,6 @@
 """GETs to the API server from the event loop: the claim reads of Prepare.
 
-A batch of claims is read all at once. As blocking urllib3 calls (driver/kube.py) each
+A batch of claims is read all at once. As blocking urllib3 calls (driver/kube/client.py) each
 GET took a claim worker thread, and with 32 of them in flight every socket call handed
 the interpreter lock to another thread: half of the driver's CPU in a batch was that
 lock's futex traffic (bench/RESULTS.md). Here the GETs are requests on the event loop,
@@ -11,7 +11,7 @@ What it speaks is deliberately small: HTTP/1.1 GET for a JSON answer, sent as a 
 known length or chunked (as Go's net/http, and so the API server, sends anything over a
 few KiB), over plain TCP or TLS with the client's own settings (CA, client certificate,
 tls-server-name, insecure). A configuration with a proxy is left to the threaded client,
-which speaks to proxies. Answers and errors read exactly as driver/kube.py's.
+which speaks to proxies. Answers and errors read exactly as driver/kube/client.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from driver.kube import USER_AGENT, ApiError, Kube, answer
+from driver.kube.client import USER_AGENT, ApiError, Kube, answer
 
 # Larger answers are refused rather than buffered: a claim is at most a few hundred KiB
 # (the API server's request limit is 3 MiB).

@@ -3,7 +3,7 @@
 We talk to three resource.k8s.io versions whose typed models differ (v1beta1 nests device
 fields under `basic`), so bodies stay plain dicts that look like the YAML users read, and
 a request is one urllib3 call on a keep-alive pool: its URL, the credentials of the
-moment (driver/kubeconfig.py) and JSON. Where the API server is and how we authenticate
+moment (driver/kube/kubeconfig.py) and JSON. Where the API server is and how we authenticate
 is read once, when a client is made (`Kube.deferred`: after the plugin offered its
 registration socket).
 """
@@ -23,8 +23,7 @@ import structlog
 import urllib3
 
 from driver import __version__
-from driver.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
-from driver.slices import API_GROUP, API_VERSIONS
+from driver.kube.kubeconfig import ApiConfig, ClientConfigError, from_kubeconfig, in_cluster
 
 DEFAULT_TIMEOUT = 10.0
 # What the API server's audit log and its rate limiting (APF) see of us, as client-go's
@@ -42,13 +41,17 @@ class NotFound(ApiError):
     pass
 
 
+API_GROUP = "resource.k8s.io"
+API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the resource.k8s.io versions we speak, preferred first
+
+
 @dataclass
 class ApiClient:
     """A connection pool to one API server and the credentials for it."""
 
     config: ApiConfig
     pool: urllib3.PoolManager
-    tls_context: ssl.SSLContext | None = None  # also for the loop's GETs (driver/kubeaio.py)
+    tls_context: ssl.SSLContext | None = None  # also for the loop's GETs (driver/kube/asyncclient.py)
 
     def url(self, path: str, query: dict | None = None) -> str:
         url = self.config.server + path

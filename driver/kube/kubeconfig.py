@@ -8,7 +8,7 @@ model serialization) cost more CPU than the requests we make. Only kubeconfig us
 an `exec` credential plugin or an `auth-provider` go through the package's own loader,
 which runs plugins and renews what they return; the package is imported then, not before.
 
-What a connection needs ends up in one `ApiConfig`; driver/kube.py makes the HTTP pool.
+What a connection needs ends up in one `ApiConfig`; driver/kube/client.py makes the HTTP pool.
 """
 
 from __future__ import annotations

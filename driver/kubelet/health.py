@@ -15,7 +15,7 @@ from driver._proto.health.v1 import api_pb2_grpc as v1_grpc
 from driver._proto.health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from driver._proto.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from driver.aio import wait_event
-from driver.health import HealthState
+from driver.monitoring.health import HealthState
 
 # Kubelets 1.34-1.36 speak v1alpha1; newer ones v1. Both are served, newest first.
 SERVICE_NAMES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")

@@ -15,9 +15,9 @@ from driver._proto.dra.v1 import api_pb2 as v1_pb2
 from driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from driver.claims import ClaimRef
+from driver.prepare.claims import ClaimRef
 from driver.metrics import Metrics
-from driver.prepare import Preparer, base_request
+from driver.prepare.preparer import Preparer, base_request
 
 
 class _DraService:

@@ -60,7 +60,7 @@ def first_fitting(candidates: list[Path]) -> Path | None:
 @dataclass
 class OwnedSocket:
     path: Path
-    owner: str  # the instance token (driver/instance.py)
+    owner: str  # the instance token (driver/state/instance.py)
     inode: int | None = None
     _private: Path | None = field(default=None, repr=False)
     _counter: "itertools.count[int]" = field(default_factory=itertools.count, repr=False)

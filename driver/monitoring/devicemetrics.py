@@ -1,4 +1,4 @@
-"""Per-device series (driver/utilization/) in the Prometheus text format, written here
+"""Per-device series (driver/monitoring/utilization/) in the Prometheus text format, written here
 rather than by prometheus_client.
 
 A node of 2,048 VFs has ~6,100 such series, six labels each. prometheus_client checks

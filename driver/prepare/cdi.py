@@ -11,8 +11,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver import atomic, names
-from driver.instance import Instance
+from driver.state import atomic
+
+from driver.kube import names
+from driver.state.instance import Instance
 
 CLAIM_CLASS = "claim"
 

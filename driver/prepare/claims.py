@@ -7,10 +7,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from driver import names
-from driver.kube import ApiError, Kube, NotFound
-from driver.kubeaio import LoopGets
-from driver.slices import API_GROUP
+from driver.kube import names
+from driver.kube.client import ApiError, Kube, NotFound
+from driver.kube.asyncclient import LoopGets
+from driver.kube.client import API_GROUP
 
 
 class ClaimError(Exception):
@@ -93,7 +93,7 @@ def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
 
 class ClaimReader:
     """GETs claims with the newest resource.k8s.io version the API server serves: `read`
-    on the event loop (Prepare's path, driver/kubeaio.py), `get` from a thread."""
+    on the event loop (Prepare's path, driver/kube/asyncclient.py), `get` from a thread."""
 
     def __init__(self, kube: Kube, connections: int = 16) -> None:
         self.kube = kube

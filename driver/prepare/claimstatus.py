@@ -8,7 +8,7 @@ are; an apply with no entries removes ours (unprepare). `metadata.uid` in the bo
 the write a precondition: a claim deleted and re-created under the same name is not
 touched.
 
-An `Idle` condition (driver/utilization/) joins an entry while its device sits idle: the
+An `Idle` condition (driver/monitoring/utilization/) joins an entry while its device sits idle: the
 utilization monitor sets it with `set_idle`, and it stays on every state written for that
 device until cleared. Ready keeps its lastTransitionTime when only Idle changes.
 
@@ -36,9 +36,9 @@ from typing import Callable
 
 import structlog
 
-from driver.claims import ClaimRef
-from driver.kube import ApiError, Kube, NotFound
-from driver.slices import API_GROUP
+from driver.prepare.claims import ClaimRef
+from driver.kube.client import ApiError, Kube, NotFound
+from driver.kube.client import API_GROUP
 
 APPLY = "application/apply-patch+yaml"
 FIRST_RETRY, MAX_RETRY, MAX_ATTEMPTS = 0.5, 30.0, 10

@@ -5,7 +5,7 @@ call of every write handed the interpreter lock to another of 32 threads (half o
 driver's CPU in a batch, in perf), and every checkpoint record cost its own directory
 fsync. Here a claim's local change (checks against the other claims, spec, record)
 is queued to one thread, which runs whatever is queued as a group: each change in turn,
-with the checkpoint's puts and removes staged (driver/checkpoint.py `group`), then one
+with the checkpoint's puts and removes staged (driver/state/checkpoint.py `group`), then one
 commit for all of them (each record's fsync, its rename, one directory fsync), and only
 then the answers. Under load the groups grow by themselves (what arrives while a group
 commits forms the next one); a lone claim is a group of one and costs what it did.
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import structlog
 
-from driver.checkpoint import Checkpoint
+from driver.state.checkpoint import Checkpoint
 
 # At most this many changes share one commit: bounds the descriptors a group holds open
 # and how long the first claim of a group waits for the last.

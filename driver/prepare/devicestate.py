@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from driver.instance import Instance
+from driver.state.instance import Instance
 from driver.prepare.records import RecordStore
 from driver.prepare.setup import Setup
 

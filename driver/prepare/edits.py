@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from driver.cdi import ContainerEdits, DeviceNode, Mount, NetDevice
+from driver.prepare.cdi import ContainerEdits, DeviceNode, Mount, NetDevice
 from driver.devices.model import PCI_BUS_ID, Device, DeviceKind
 from driver.devices.nvml import CONTROL_NODES
-from driver.opaque import DeviceConfig, FpgaConfig, NicConfig
+from driver.prepare.opaque import DeviceConfig, FpgaConfig, NicConfig
 
 
 class EditsError(ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.devices.nvlibs import locate
-from driver.mps_daemon import chrooted
+from driver.prepare.mps_daemon import chrooted
 
 SMI_TIMEOUT = 30.0
 

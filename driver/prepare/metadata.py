@@ -34,9 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from driver import atomic, cdi, names, slices
-from driver.checkpoint import PreparedDevice
-from driver.claims import ClaimRef
+from driver.state import atomic
+
+from driver.prepare import cdi
+
+from driver.kube import names
+
+from driver.publish import slices
+from driver.state.checkpoint import PreparedDevice
+from driver.prepare.claims import ClaimRef
 from driver.devices.model import Device
 
 CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
@@ -65,7 +71,7 @@ class MetadataFiles:
         return self.root / f"{uid}_{request}.json"
 
     def sweep_temp_files(self, owner_state: Callable[[str], str]) -> None:
-        """Temp files of writers that died (see driver/atomic.py); call at start."""
+        """Temp files of writers that died (see driver/state/atomic.py); call at start."""
         atomic.sweep_temp_files(self.root, owner_state)
 
     def write(self, ref: ClaimRef, pod_claim: str | None,

@@ -37,12 +37,12 @@ from typing import Any, Callable, Iterable
 
 import structlog
 
-from driver import atomic
-from driver.checkpoint import ClaimRecord, State
+from driver.state import atomic
+from driver.state.checkpoint import ClaimRecord, State
 from driver.devices.model import Device, DeviceKind, Inventory
 from driver.devices import migdynamic
 from driver.devices.nvml import NvmlDiscovery, mig_handles
-from driver.instance import Instance
+from driver.state.instance import Instance
 from driver.prepare.records import RecordStore
 
 FORMAT_VERSION = 1

@@ -11,7 +11,7 @@ Everything the daemon and its clients share lives on the host, under
 <state-dir>/mps/<device>/: `pipe/` (CUDA_MPS_PIPE_DIRECTORY: the control socket, the
 server's pipes), `log/`, and `shm/`, which the daemon and every client container mount as
 /dev/shm. The driver never talks to the pod for readiness: the daemon is up when its
-control socket accepts a connection and the wrapper (driver/mps_daemon.py) has written
+control socket accepts a connection and the wrapper (driver/prepare/mps_daemon.py) has written
 `ready` after applying the server defaults.
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import structlog
 
-from driver import names
-from driver.kube import ApiError, Kube, NotFound
-from driver.mps_daemon import CHROOT_DIRECTORY, MpsPaths, control_answers
+from driver.kube import names
+from driver.kube.client import ApiError, Kube, NotFound
+from driver.prepare.mps_daemon import CHROOT_DIRECTORY, MpsPaths, control_answers
 from driver.prepare import shm
 from driver.prepare.setup import Setup
 
@@ -245,7 +245,7 @@ class MpsDaemons:
                         {"name": "shm", "mountPath": "/dev/shm"},
                         {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True},
                         # Where the daemon, chrooted to the driver root, finds its pipe and
-                        # log folders and the clients' shm (driver/mps_daemon.py).
+                        # log folders and the clients' shm (driver/prepare/mps_daemon.py).
                         {"name": "mps", "mountPath": chroot_dir},
                         {"name": "shm", "mountPath": f"{DAEMON_DRIVER_ROOT}/dev/shm"},
                     ],

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver import quantity
+from driver.kube import quantity
 from driver.devices.nvlibs import BINARY_DIRS, locate
 
 READY = "ready"

@@ -27,7 +27,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from driver import quantity
+from driver.kube import quantity
 from driver.devices.model import DeviceKind
 
 API_VERSION = "accel.dra.io/v1alpha1"

@@ -36,13 +36,15 @@ from typing import Callable
 
 import structlog
 
-from driver import cdi, edits, opaque, quantity
-from driver.cdi import CdiDevice, CdiWriter
-from driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
-from driver.claimstatus import DeviceStatus, StatusWriter
-from driver.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
+from driver.prepare import cdi, edits, opaque
+
+from driver.kube import quantity
+from driver.prepare.cdi import CdiDevice, CdiWriter
+from driver.state.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice, State
+from driver.prepare.claimstatus import DeviceStatus, StatusWriter
+from driver.prepare.claims import Allocation, ClaimError, ClaimReader, ClaimRef, allocation_for
 from driver.devices.model import Device, Inventory
-from driver.locks import KeyedLocks, ProcessLock
+from driver.state.locks import KeyedLocks, ProcessLock
 from driver.prepare import status as claim_status
 from driver.prepare.committer import GroupCommitter
 from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Generic, Protocol, TypeVar
 
-from driver import atomic, names
-from driver.instance import Instance
+from driver.state import atomic
+
+from driver.kube import names
+from driver.state.instance import Instance
 
 
 class Record(Protocol):

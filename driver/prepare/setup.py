@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from driver import opaque
-from driver.claims import ClaimError
+from driver.prepare import opaque
+from driver.prepare.claims import ClaimError
 from driver.devices.model import Device, DeviceKind
 from driver.prepare.shares import ShareLimits
 

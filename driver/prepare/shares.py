@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterable, Mapping
 
-from driver import quantity
-from driver.claims import ClaimError
+from driver.kube import quantity
+from driver.prepare.claims import ClaimError
 from driver.devices.model import Device, DeviceKind
-from driver.slices import COMPUTE
+from driver.publish.slices import COMPUTE
 
 MEMORY = "memory"
 WHOLE_COMPUTE = 100

@@ -18,10 +18,10 @@ from typing import Callable, Iterable
 
 import structlog
 
-from driver import opaque
-from driver.cdi import Mount
-from driver.checkpoint import ClaimRecord, PreparedDevice, State
-from driver.claims import ClaimError
+from driver.prepare import opaque
+from driver.prepare.cdi import Mount
+from driver.state.checkpoint import ClaimRecord, PreparedDevice, State
+from driver.prepare.claims import ClaimError
 from driver.devices.model import Device, DeviceKind, Inventory
 from driver.prepare import mpsusers
 from driver.prepare import setup as setups

@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from driver import opaque
-from driver.checkpoint import PreparedDevice
-from driver.claimstatus import DeviceStatus
-from driver.claims import Allocation
+from driver.prepare import opaque
+from driver.state.checkpoint import PreparedDevice
+from driver.prepare.claimstatus import DeviceStatus
+from driver.prepare.claims import Allocation
 from driver.devices.model import Device, DeviceKind
 
 PREPARED, FAILED = "Prepared", "PrepareFailed"

@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from driver import atomic, quantity
+from driver.state import atomic
 
+from driver.kube import quantity
 STATE_FILE = "extended-resources.json"
 
 

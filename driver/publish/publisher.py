@@ -6,7 +6,7 @@ field selectors spec.nodeName and spec.driver) and writes only the difference:
 * Same device partition (same slice names holding the same device names) at one
   generation: update only slices whose content changed, generation unchanged. Nothing
   changed: zero writes.
-* Devices added to or removed from one slice only (a VF of a PF; driver/slices.py keeps a
+* Devices added to or removed from one slice only (a VF of a PF; driver/publish/slices.py keeps a
   PF and its VFs in one slice), the other slices holding the same devices: that slice is
   updated in place, generation unchanged. One update is atomic, so no consumer can see a
   device twice or miss one that stays.
@@ -28,7 +28,7 @@ is already published on the same device keeps its timeAdded.
 
 A watch on our slices triggers a reconcile whenever someone else deletes or edits one
 (the kubelet deletes a driver's slices at its start and after the driver disconnects), and
-keeps the copy of them a reconcile compares with (driver/slicecache.py): while the watch
+keeps the copy of them a reconcile compares with (driver/publish/slicecache.py): while the watch
 runs, a reconcile makes no LIST. The desired slices and the normalized form of both sides
 are kept while their inputs are unchanged (the same inventory object, taints, generation,
 the same listed resourceVersion), so that a no-change reconcile on a node of 2,048 devices
@@ -47,12 +47,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
-from driver import quantity, slices
+from driver.kube import quantity
+from driver.publish import slices
 from driver.aio import wait_event
 from driver.devices.model import Device, Inventory
-from driver.kube import ApiError, Kube, NotFound
-from driver.slicecache import SliceCache
-from driver.slices import API_GROUP, PoolIdentity
+from driver.kube.client import ApiError, Kube, NotFound
+from driver.publish.slicecache import SliceCache
+from driver.kube.client import API_GROUP
+from driver.publish.slices import PoolIdentity
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
@@ -221,7 +223,7 @@ class Publisher:
     counters_supported: bool = True
     counters_unsupported: Callable[[], None] = lambda: None
     # The newest live instance of this driver on the node that started after us, if any
-    # (driver/instance.py); while there is one, it publishes and we do not.
+    # (driver/state/instance.py); while there is one, it publishes and we do not.
     newer_instance: Callable[[], Any] = lambda: None
     watch_seconds: int = WATCH_SECONDS  # the server ends each watch after this; we resume
     # Whether the first health pass is done (HealthState.probed). Until it is, nothing is

@@ -7,7 +7,7 @@ leaves the GPU slices byte-identical, which is what keeps the publisher's writes
 Within a kind, devices that come and go together stay in one slice: an SR-IOV PF and its
 VFs (the kernel adds and removes VFs when the PF's sriov_numvfs changes). A VF added or
 removed then changes only its PF's slice, which the publisher writes alone, in place (see
-driver/publisher.py), instead of moving every later device into the next slice.
+driver/publish/publisher.py), instead of moving every later device into the next slice.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from driver import names, quantity
+from driver.kube import names, quantity
+from driver.kube.client import API_GROUP, API_VERSIONS
 from driver.devices.model import AttributeValue, Device, DeviceKind, Inventory, Version
 
-API_GROUP = "resource.k8s.io"
-API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # preferred first
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, when any device of the slice has taints
 

@@ -15,10 +15,10 @@ import uuid
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 
-from driver import quantity
+from driver.kube import quantity
 from driver.devices.model import Device, Inventory
-from driver.sim import taints
-from driver.sim.cel import CelError, matches
+from driver.scheduling import taints
+from driver.scheduling.cel import CelError, matches
 
 
 class Unsatisfiable(Exception):

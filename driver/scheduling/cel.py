@@ -52,8 +52,8 @@ import celpy
 import lark
 from celpy import celtypes
 
-from driver import names
-from driver import quantity as quantities
+from driver.kube import names
+from driver.kube import quantity as quantities
 from driver.devices.model import Device, Version
 
 STANDARD_DOMAIN = "resource.kubernetes.io"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from driver.quantity import QuantityError
-from driver.quantity import value as size
+from driver.kube.quantity import QuantityError
+from driver.kube.quantity import value as size
 
 LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -5,8 +5,8 @@ selectors, get, create, update, delete, watch) and Nodes over real HTTP (or HTTP
 driver's client code path runs unchanged. Like the real server it authenticates every
 request but /version (a bearer token it knows, or a client certificate its CA signed:
 401 otherwise), validates slices
-(driver/sim/k8s_limits.py), stores quantities canonically (`40960Mi` comes back as `40Gi`,
-driver/quantity.py), enforces resourceVersion and UID on updates and delete
+(driver/scheduling/k8s_limits.py), stores quantities canonically (`40960Mi` comes back as `40Gi`,
+driver/kube/quantity.py), enforces resourceVersion and UID on updates and delete
 preconditions (409), and disables Nagle.
 Tests can inject faults (status codes, delays) and read write counters.
 """
@@ -26,9 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from driver import quantity
+from driver.kube import quantity
 from driver.sim import claimstatus, events
-from driver.sim.k8s_limits import slice_errors
+from driver.scheduling.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
 TOKEN = "test-token"  # the token of the kubeconfig that `kubeconfig()` writes

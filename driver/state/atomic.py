@@ -2,7 +2,7 @@
 the directory. A reader (the container runtime, the next driver process) sees the old
 file or the new one, never half of one.
 
-Temp files are named after the writing instance (driver/instance.py), not its PID: two
+Temp files are named after the writing instance (driver/state/instance.py), not its PID: two
 driver pods during an upgrade are both PID 1 and write into the same directories."""
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def fsync_dir(directory: Path) -> None:
 def sweep_temp_files(directory: Path, owner_state: Callable[[str], str], prefix: str = "",
                      min_age: float = SWEEP_MIN_AGE_SECONDS) -> list[Path]:
     """Remove temp files that dead writers left behind. `owner_state(owner)` (see
-    driver/instance.py) says what became of the instance named in a temp file: "alive" (it
+    driver/state/instance.py) says what became of the instance named in a temp file: "alive" (it
     may be in the middle of a write: the other pod of an upgrade) keeps the file, "dead"
     removes it, "unknown" removes it only once it is older than `min_age`."""
     removed = []

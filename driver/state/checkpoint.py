@@ -34,8 +34,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Iterator
 
-from driver import atomic, names
-from driver.instance import Instance
+from driver.state import atomic
+
+from driver.kube import names
+from driver.state.instance import Instance
 
 FORMAT_VERSION = 1
 # The `.changes` marker's width: "<token> <nonce> <counter>" is ~35 characters.

@@ -12,7 +12,7 @@ That one mechanism answers three questions:
 * start-up sweeps: a leftover carrying a token whose lock file is there but free belongs
   to a dead instance and may go; one whose lock is held belongs to the other pod and
   stays; a token with no lock file is a writer we do not know (another state directory
-  writing into the same CDI directory), left to an age rule (driver/atomic.py);
+  writing into the same CDI directory), left to an age rule (driver/state/atomic.py);
 * who publishes: the newest live instance (latest start) writes ResourceSlices, an older
   one stands by, so two versions with different inventories do not take turns rewriting.
 """

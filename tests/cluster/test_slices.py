@@ -59,7 +59,7 @@ QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 def canon(obj, in_quantities: bool = False):
     """obj with every resource.Quantity in its canonical form, as the API server stores it
     ("40960Mi" is stored as "40Gi"): quantities are the capacity and counter values."""
-    from driver.quantity import canonical
+    from driver.kube.quantity import canonical
 
     if isinstance(obj, dict):
         return {k: (canonical(v) if in_quantities and k in QUANTITY_KEYS and isinstance(v, str)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from driver.kube import Kube
+from driver.kube.client import Kube
 
 GROUP = "events.k8s.io"
 CLAIM_API = "resource.k8s.io"

@@ -25,9 +25,9 @@ from typing import Callable, Iterable
 
 import structlog
 
-from driver import atomic
+from driver.state import atomic
 from driver.devices.model import DeviceKind
-from driver.utilization.sampler import Sample
+from driver.monitoring.utilization.sampler import Sample
 
 FILE_VERSION = 1
 FILE = Path("utilization") / "idle.json"  # below the state directory

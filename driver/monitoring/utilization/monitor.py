@@ -18,14 +18,14 @@ from typing import Callable, Iterable
 
 import structlog
 
-from driver.checkpoint import ClaimRecord, State
-from driver.claims import ClaimRef
-from driver.claimstatus import StatusWriter
+from driver.state.checkpoint import ClaimRecord, State
+from driver.prepare.claims import ClaimRef
+from driver.prepare.claimstatus import StatusWriter
 from driver.devices.model import Device, DeviceKind, Inventory
-from driver.kube import ApiError
-from driver.utilization.events import ClaimEvent, EventRecorder, micro_time
-from driver.utilization.idle import Holder, IdleTracker, Period
-from driver.utilization.sampler import Sample, Sampler
+from driver.kube.client import ApiError
+from driver.monitoring.utilization.events import ClaimEvent, EventRecorder, micro_time
+from driver.monitoring.utilization.idle import Holder, IdleTracker, Period
+from driver.monitoring.utilization.sampler import Sample, Sampler
 
 MIB = 1 << 20
 
@@ -35,7 +35,7 @@ class DeviceView:
     sample: Sample
     holders: tuple[Holder, ...] = ()
     idle_seconds: dict[str, float] = field(default_factory=dict)  # claim uid -> seconds
-    # What dcgm-exporter labels the same device with, for joins (driver/devicemetrics.py):
+    # What dcgm-exporter labels the same device with, for joins (driver/monitoring/devicemetrics.py):
     # the GPU's UUID (a MIG device's parent's), a MIG device's GPU instance, the DRA pool.
     uuid: str = ""
     gpu_instance: str = ""

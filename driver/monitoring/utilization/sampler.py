@@ -7,7 +7,7 @@ driver took since the last read: a 2 s burst between two 10 s reads is seen), fa
 to `nvmlDeviceGetUtilizationRates` (the last sample period only); memory used and total;
 power; the number of compute processes. A GPU in MIG mode and its MIG devices have no
 utilization counter in NVML (NOT_SUPPORTED): a MIG device reports memory and processes,
-and idle is judged by its processes (driver/utilization/idle.py). NICs: rx/tx bytes from
+and idle is judged by its processes (driver/monitoring/utilization/idle.py). NICs: rx/tx bytes from
 sysfs statistics. FPGAs have no cheap activity counter in sysfs: allocation only.
 
 NVML stays initialized while the sampler lives (nvidia-ml-py counts nvmlInit calls, so
