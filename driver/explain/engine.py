@@ -13,81 +13,17 @@ error is reported as aborting the node, with the device and expression.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 
 from driver.kube import quantity as quantities
+from driver.explain import suggest
 from driver.explain import world as w
+from driver.explain.verdicts import (ADMIN, ALLOCATED, CAPACITY, CEL_ERROR, CLASS, COUNTERS, FITS,
+                                     SELECTOR, TAINT, Alternative, AlternativeReport, ClaimError,
+                                     DeviceVerdict, Explanation, NodeReport)
 from driver.scheduling import cel, taints
 from driver.scheduling.allocator import Counters, Shares, _canonical
-
-FITS = "fits"
-# Reason codes, in the order they are checked.
-CLASS, SELECTOR, CEL_ERROR, ADMIN, TAINT, ALLOCATED, CAPACITY, COUNTERS = (
-    "class", "selector", "cel-error", "admin-access", "taint", "allocated", "capacity", "counters")
-
-
-class ClaimError(ValueError):
-    """A claim that is not a valid claim spec; the message names the claim and field."""
-
-
-@dataclass(frozen=True)
-class Alternative:
-    request: str  # "gpu", or "gpu/h100" for a firstAvailable subrequest
-    device_class: str
-    selectors: tuple[str, ...]
-    count: int | None  # None: allocationMode All
-    tolerations: tuple[dict, ...] = ()
-    capacity: dict = field(default_factory=dict)
-    admin: bool = False
-
-
-@dataclass
-class DeviceVerdict:
-    device: str
-    driver: str
-    pool: str
-    code: str
-    reason: str
-    seen: dict[str, str] = field(default_factory=dict)  # what the failing selector read
-    expression: str | None = None
-
-
-@dataclass
-class AlternativeReport:
-    request: str
-    device_class: str
-    selectors: list[dict]  # {"from": "class X" | "request", "index": i, "expression": e}
-    count: int | None
-    devices: list[DeviceVerdict]
-
-    @property
-    def fitting(self) -> list[str]:
-        return [d.device for d in self.devices if d.code == FITS]
-
-
-@dataclass
-class NodeReport:
-    node: str
-    fits: bool
-    why: str
-    allocation: list[dict] = field(default_factory=list)
-    alternatives: list[AlternativeReport] = field(default_factory=list)
-    constraints: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Explanation:
-    claim: str  # namespace/name
-    source: str
-    nodes: list[NodeReport]
-    suggestions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return any(n.fits for n in self.nodes)
-
 
 def requests(claim: str, spec: dict) -> list[tuple[str, list[Alternative]]]:
     """The claim's requests, each with its alternatives (one unless firstAvailable)."""
@@ -554,7 +490,5 @@ def explain(claim: str, spec: dict, world: w.World, namespace: str, nodes: list[
     requests(claim, spec)  # a malformed claim is a usage error before any node is looked at
     considered = nodes if nodes is not None else world.nodes()
     reports = [explain_node(claim, spec, node, world, namespace, skip_uid) for node in considered]
-    from driver.explain import suggest
-
     return Explanation(claim, source, reports, suggest.suggestions(spec, reports, world),
                        list(world.notes))

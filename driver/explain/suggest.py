@@ -15,7 +15,7 @@ import re
 
 from driver.kube import names
 from driver.kube import quantity as quantities
-from driver.explain import engine
+from driver.explain import verdicts
 from driver.explain import world as w
 from driver.scheduling import cel
 _QUANTITY_LITERAL = re.compile(r'quantity\("([^"]*)"\)')
@@ -25,10 +25,10 @@ _UNIT_TWIN.update({v: k for k, v in list(_UNIT_TWIN.items())})
 _NUMBER_UNIT = re.compile(r"^([0-9.]+)([A-Za-z]*)$")
 
 
-def suggestions(spec: dict, reports: list[engine.NodeReport], world: w.World) -> list[str]:
+def suggestions(spec: dict, reports: list[verdicts.NodeReport], world: w.World) -> list[str]:
     devices = {d.key: d for d in world.devices}
     # (request, selector) -> the devices that stopped at it; and those that got past it.
-    stopped: dict[tuple[str, str, str], list[tuple[w.PoolDevice, engine.DeviceVerdict]]] = {}
+    stopped: dict[tuple[str, str, str], list[tuple[w.PoolDevice, verdicts.DeviceVerdict]]] = {}
     passed: set[tuple[str, str, str]] = set()
     for report in reports:
         for alt in report.alternatives:
@@ -126,7 +126,7 @@ def _semver(expression: str) -> list[str]:
 def _guards(expression: str, hits) -> list[str]:
     out = []
     for _, verdict in hits:
-        if verdict.code != engine.CEL_ERROR:
+        if verdict.code != verdicts.CEL_ERROR:
             continue
         if "no such key" in verdict.reason:
             missing = verdict.reason.rsplit("no such key:", 1)[-1].strip()

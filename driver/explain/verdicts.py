@@ -1,0 +1,74 @@
+"""What explain finds, as data: a verdict per device (fits, or the first reason it is out),
+per alternative of a request, per node, and the whole explanation. The engine computes
+them, `suggest` reads them for fixes, `render` prints them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FITS = "fits"
+# Reason codes, in the order they are checked.
+CLASS, SELECTOR, CEL_ERROR, ADMIN, TAINT, ALLOCATED, CAPACITY, COUNTERS = (
+    "class", "selector", "cel-error", "admin-access", "taint", "allocated", "capacity", "counters")
+
+
+class ClaimError(ValueError):
+    """A claim that is not a valid claim spec; the message names the claim and field."""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    request: str  # "gpu", or "gpu/h100" for a firstAvailable subrequest
+    device_class: str
+    selectors: tuple[str, ...]
+    count: int | None  # None: allocationMode All
+    tolerations: tuple[dict, ...] = ()
+    capacity: dict = field(default_factory=dict)
+    admin: bool = False
+
+
+@dataclass
+class DeviceVerdict:
+    device: str
+    driver: str
+    pool: str
+    code: str
+    reason: str
+    seen: dict[str, str] = field(default_factory=dict)  # what the failing selector read
+    expression: str | None = None
+
+
+@dataclass
+class AlternativeReport:
+    request: str
+    device_class: str
+    selectors: list[dict]  # {"from": "class X" | "request", "index": i, "expression": e}
+    count: int | None
+    devices: list[DeviceVerdict]
+
+    @property
+    def fitting(self) -> list[str]:
+        return [d.device for d in self.devices if d.code == FITS]
+
+
+@dataclass
+class NodeReport:
+    node: str
+    fits: bool
+    why: str
+    allocation: list[dict] = field(default_factory=list)
+    alternatives: list[AlternativeReport] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Explanation:
+    claim: str  # namespace/name
+    source: str
+    nodes: list[NodeReport]
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return any(n.fits for n in self.nodes)
