@@ -56,6 +56,17 @@ def sent_slices(cluster, node: str, since: int) -> dict[str, dict]:
 QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 
 
+def diff(sent, got, path: str = "spec") -> str:
+    """The first paths where two slice specs differ, for the failure message."""
+    if isinstance(sent, dict) and isinstance(got, dict):
+        out = [diff(sent.get(k), got.get(k), f"{path}.{k}") for k in sorted(set(sent) | set(got))
+               if sent.get(k) != got.get(k)]
+        return "; ".join(o for o in out if o)[:2000]
+    if isinstance(sent, list) and isinstance(got, list) and len(sent) == len(got):
+        return "; ".join(diff(a, b, f"{path}[{i}]") for i, (a, b) in enumerate(zip(sent, got)) if a != b)
+    return f"{path}: sent {sent!r}, stored {got!r}"
+
+
 def canon(obj, in_quantities: bool = False):
     """obj with every resource.Quantity in its canonical form, as the API server stores it
     ("40960Mi" is stored as "40Gi"): quantities are the capacity and counter values."""
