@@ -121,3 +121,31 @@ def test_package_docstrings_say_what_they_own():
             continue
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 15, f"{init.relative_to(REPO)}: no docstring of what it owns"
+
+
+def test_no_module_imports_itself_back():
+    """Inside a package too, imports run one way: a cycle (a imports b imports a), even
+    through an import inside a function, means two modules that are one concern or a
+    dependency pointing the wrong way."""
+    graph = {module_name(p): {m for _, m in imports(p)} for p in sources()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph or nxt == node:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
