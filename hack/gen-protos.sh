@@ -26,9 +26,16 @@ mkdir -p "$work/include/driver/_proto" "$work/out"
 cp -r protos/. "$work/include/driver/_proto/"
 
 (cd "$work/include" && find driver/_proto -name '*.proto' | LC_ALL=C sort) > "$work/files"
+# NRI and the ttrpc envelopes travel over ttrpc, not gRPC: message classes only (gRPC
+# stubs for their services would be code nothing may call); driver/nri/ dispatches them.
+grep -E '^driver/_proto/(nri|ttrpc)/' "$work/files" > "$work/ttrpc-files" || true
+grep -vE '^driver/_proto/(nri|ttrpc)/' "$work/files" > "$work/grpc-files" || true
 python3 -m grpc_tools.protoc -I "$work/include" \
   --python_out="$work/out" --pyi_out="$work/out" --grpc_python_out="$work/out" \
-  $(sed "s|^|$work/include/|" "$work/files")
+  $(sed "s|^|$work/include/|" "$work/grpc-files")
+python3 -m grpc_tools.protoc -I "$work/include" \
+  --python_out="$work/out" --pyi_out="$work/out" \
+  $(sed "s|^|$work/include/|" "$work/ttrpc-files")
 
 # Packages for every generated directory.
 find "$work/out/driver/_proto" -type d | while read -r dir; do
