@@ -21,49 +21,19 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from driver.publish import extendedresources
-
-from driver import logs, preflight
+from driver import loops, preflight
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.prepare.cdi import CdiWriter, Mount
-from driver.state.checkpoint import Checkpoint, read_boot_id
-from driver.prepare.claims import ClaimReader
-from driver.prepare.claimstatus import StatusWriter
+from driver.assembly import Parts, assemble
 from driver.config import Config
-from driver.devices import fingerprint, sysread
-from driver.devices.discovery import DiscoveryResult, discover, log_result
-from driver.devices.model import Inventory
-from driver.devices.nvlibs import DriverFiles
-from driver.monitoring.devicemetrics import DeviceSeries
-from driver.monitoring.health import HealthState, Prober, XidWatcher
-from driver.publish.hotplug import Rediscovery, UeventMonitor
-from driver.state.instance import Instance
-from driver.kube.client import ApiError, ClientConfigError, Kube
+from driver.kube.client import ClientConfigError, Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
-from driver.kubelet.registration import DRA_SERVICES, Registration
 from driver.kubelet.sockets import OwnedSocket
-from driver.state.locks import ProcessLock
-from driver.metrics import Metrics
-from driver.node import NodeRoots, open_node
-from driver.prepare.preparer import Preparer
-from driver.prepare.devicestate import DeviceStates
-from driver.prepare.gpucontrol import GpuControl
-from driver.prepare.metadata import MetadataFiles
-from driver.prepare.mig import MigPartitions, MigRecords
-from driver.prepare.mps import MpsDaemons
-from driver.prepare.sharing import DeviceSharing
-from driver.prepare.status import host_addresses
-from driver.monitoring.probes import HttpEndpoint, Probes
-from driver.publish.publisher import Publisher
-from driver import nodeview
-from driver.monitoring.utilization.events import EventRecorder
-from driver.monitoring.utilization.idle import IdleTracker
-from driver.monitoring.utilization.monitor import UtilizationMonitor
-from driver.monitoring.utilization.sampler import Sampler
+from driver.monitoring.probes import HttpEndpoint
+from driver.publish.hotplug import UeventMonitor
+from driver.state.instance import Instance
 
 GRACE_SECONDS = 5.0
-REGISTRATION_BACKOFF_CAP = 300.0
 
 
 class StartupError(Exception):
@@ -71,41 +41,10 @@ class StartupError(Exception):
 
 
 @dataclass
-class DiscoverySettings:
-    """What rediscovery reads that can change while the driver runs: the MIG mode
-    ("dynamic" becomes "static" when the API server cannot take shared counters)."""
+class Plugin(Parts):
+    """The parts (driver/assembly.py) started in the order the kubelet needs, serving, and
+    stopped in the reverse order."""
 
-    mig_mode: str
-
-
-@dataclass
-class InventoryHolder:
-    """The current inventory; replaced whole by rediscovery, read by prepare and publish."""
-
-    result: DiscoveryResult
-
-    @property
-    def inventory(self) -> Inventory:
-        return self.result.inventory
-
-
-@dataclass
-class Plugin:
-    config: Config
-    kube: Kube
-    node: NodeRoots
-    holder: InventoryHolder
-    preparer: Preparer
-    registration: Registration
-    publisher: Publisher
-    rediscovery: Rediscovery
-    health: HealthState
-    prober: Prober
-    metrics: Metrics
-    probes: Probes
-    instance: Instance
-    utilization: UtilizationMonitor | None = None
-    xid: XidWatcher | None = None
     uevents: UeventMonitor | None = None
     endpoints: list[HttpEndpoint] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
@@ -117,138 +56,11 @@ class Plugin:
     def create(cls, config: Config, kube: Kube | None = None) -> "Plugin":
         instance = Instance.register(config.state_dir, config.pod_uid)
         try:
-            return cls._create(config, kube, instance)
+            parts = assemble(config, kube, instance)
         except BaseException:
             instance.release()
             raise
-
-    @classmethod
-    def _create(cls, config: Config, kube: Kube | None, instance: Instance) -> "Plugin":
-        node = open_node(config, instance=instance)
-        mig_records = MigRecords(config.state_dir, instance)
-        settings = DiscoverySettings(config.mig_mode)
-
-        def sources():
-            return node.sources(config, settings.mig_mode, mig_records.owned)
-
-        # The fingerprint's directories stay open from one periodic pass to the next.
-        dirs = sysread.HeldDirs()
-        baseline = fingerprint.fingerprint(node.sysfs, dirs)  # before: a change after it shows later
-        result = discover(sources())
-        log_result(result, logs.get("discovery"))
-        holder = InventoryHolder(result)
-        inventory = lambda: holder.inventory  # noqa: E731 - read the holder at call time
-        kube = kube or Kube.deferred(config.kubeconfig, connections=config.api_connections)
-        checkpoint = Checkpoint(config.state_dir, instance)
-        driver_files = DriverFiles(node.driver_root_local, node.driver_root_host)
-
-        def driver_mounts() -> tuple[Mount, ...]:
-            files = driver_files.files(holder.result.nvidia_driver_version)
-            return tuple(Mount(f.host_path, f.container_path) for f in files)
-
-        cdi_writer = CdiWriter(config.cdi_root, config.driver_name, instance)
-        boot_id = read_boot_id(node.proc)
-        sharing = DeviceSharing(
-            DeviceStates(config.state_dir, instance),
-            GpuControl(node.nvml, node.driver_root_local),
-            MpsDaemons(kube, config.driver_name, config.node_name, config.namespace,
-                       config.mps_image, config.state_dir, node.driver_root_host,
-                       config.mps_start_timeout),
-            boot_id, inventory)
-        mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory,
-                            claims=checkpoint.records)
-        metadata = MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token)
-        metadata.sweep_temp_files(instance.owner_state)
-        instance.forget_dead()  # after the sweeps above, which need to know who died
-        metrics = Metrics(config.driver_name)
-        status = (StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
-                  if config.claim_status else None)
-        preparer = Preparer(
-            driver=config.driver_name,
-            pool=config.node_name,
-            inventory=inventory,
-            claims=ClaimReader(kube, connections=config.claim_workers),
-            cdi_writer=cdi_writer,
-            checkpoint=checkpoint,
-            boot_id=boot_id,
-            dev_root=node.dev,
-            process_lock=ProcessLock(config.state_dir / "prepare.lock"),
-            driver_mounts=driver_mounts,
-            sharing=sharing,
-            mig=mig,
-            status=status,
-            addresses=host_addresses(node.proc),
-            metadata=metadata,
-        )
-        registration = Registration(config.driver_name, str(config.dra_socket),
-                                    (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
-        health = HealthState(config.driver_name, inventory)
-        # For `dra-driver status`, which runs beside us without the API server: now (a
-        # previous process may have left conditions that no longer hold), then on changes.
-        nodeview.write_health(config.state_dir, instance.token, health)
-        health.subscribe(lambda: nodeview.write_health(config.state_dir, instance.token, health))
-        publisher = Publisher(kube, config.driver_name, config.node_name, inventory=inventory,
-                              taints=health.taints, metrics=metrics,
-                              newer_instance=instance.newer_peer, sharing=config.gpu_sharing,
-                              health_ready=health.probed.is_set)
-        health.subscribe(publisher.trigger)
-
-        def static_mig() -> None:  # the server has no shared counters: publish MIG as it is
-            settings.mig_mode = "static"
-            rediscovery.notify()
-
-        publisher.counters_unsupported = static_mig
-
-        def changed(new: DiscoveryResult) -> None:
-            holder.result = new
-            publisher.trigger()
-
-        rediscovery = Rediscovery(discover=lambda: discover(sources()),
-                                  on_change=changed, current=result,
-                                  interval=config.rediscover_interval,
-                                  incremental=lambda previous, what: discover(sources(), previous, what),
-                                  scan=lambda: fingerprint.fingerprint(node.sysfs, dirs),
-                                  diff=fingerprint.changes, baseline=baseline, release=dirs.close)
-        health.on_loss = rediscovery.notify
-        mig.rediscover = rediscovery.notify  # a MIG mode change (and a rebind's new minor)
-        prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
-        metrics.watch_state(
-            prepared=lambda: len(checkpoint.uids()),
-            devices=lambda: _count_kinds(holder.inventory),
-            health=health.summary,
-            nics_withheld=lambda: holder.result.nics_withheld_routing_unknown,
-        )
-
-        def ready() -> tuple[bool, str]:
-            registered = registration.registered.is_set()
-            published = publisher.stats.published
-            why = f"registered={registered} published={published}"
-            if registration.last_error:
-                why += f" (kubelet rejected the registration: {registration.last_error})"
-            return registered and published, why
-
-        def partitions(bus_id: str, gi: int) -> list[str]:
-            devices = {d.name: d for d in holder.inventory.devices}
-            return [r.device for r in mig_records.all() if r.gpu_instance == gi
-                    and r.device in devices and devices[r.device].pci is not None
-                    and devices[r.device].pci.bus_id == bus_id]
-
-        xid = (XidWatcher(node.nvml, health, config.ignored_xids, partitions)
-               if node.nvml is not None else None)
-        utilization = None
-        if config.utilization_interval:
-            def leader() -> bool:  # during an upgrade the newest instance reports
-                return instance.newer_peer() is None
-
-            tracker = IdleTracker(config.state_dir, instance.token, config.idle_threshold,
-                                  config.idle_after, leader)
-            utilization = UtilizationMonitor(
-                Sampler(node.nvml, node.sysfs, inventory), tracker, checkpoint.records,
-                config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
-                status, leader)
-            metrics.watch_utilization(DeviceSeries(utilization.views, config.driver_name))
-        return cls(config, kube, node, holder, preparer, registration, publisher, rediscovery,
-                   health, prober, metrics, Probes(ready), instance, utilization, xid)
+        return cls(**vars(parts))
 
     async def start(self) -> None:
         self._listen(self.config.metrics_port, "--metrics-port", metrics=self.metrics.exposition)
@@ -278,13 +90,21 @@ class Plugin:
         self._tasks = [
             asyncio.create_task(self.publisher.run(), name="publisher"),
             asyncio.create_task(self.rediscovery.run(), name="rediscovery"),
-            asyncio.create_task(self._probe_loop(), name="health-probe"),
+            asyncio.create_task(loops.probe(self.prober, self.config.health_interval),
+                                name="health-probe"),
             asyncio.create_task(self.probes.heartbeat(), name="heartbeat"),
-            asyncio.create_task(self._sharing_loop(), name="sharing"),
-            asyncio.create_task(self._registration_loop(), name="registration"),
+            asyncio.create_task(loops.reconcile_sharing(self.preparer,
+                                                        self.config.sharing_reconcile_interval),
+                                name="sharing"),
+            asyncio.create_task(loops.reoffer_registration(self.registration, self._offer_registration,
+                                                           self.config.registration_timeout,
+                                                           self.config.registration_socket),
+                                name="registration"),
         ]
         if self.config.extended_resource_names:
-            self._tasks.append(asyncio.create_task(self._check_extended_resources(),
+            self._tasks.append(asyncio.create_task(loops.check_extended_resources(
+                self.kube, self.config.node_name, self.config.extended_resource_names,
+                self.config.state_dir, self.instance.token),
                                                    name="extended-resources"))
         if self.utilization is not None:
             self._tasks.append(asyncio.create_task(
@@ -331,76 +151,6 @@ class Plugin:
         if old is not None:
             await old[0].stop(1.0)
 
-    async def _registration_loop(self) -> None:
-        """Re-offer the registration socket when the kubelet rejected us or never answered;
-        the kubelet itself never retries a socket it has seen."""
-        log = structlog.get_logger(component="registration")
-        timeout = self.config.registration_timeout
-        attempt = 0
-        while True:
-            waiting = None if self.registration.registered.is_set() else timeout
-            outcome = await self.registration.outcome(waiting)
-            if outcome:
-                attempt = 0
-                timeout = self.config.registration_timeout
-                continue
-            attempt += 1
-            if outcome is False:
-                delay = min(REGISTRATION_BACKOFF_CAP, 2.0 ** (attempt - 1))
-                error = self.registration.last_error
-            else:  # no answer at all: the wait was the delay; wait longer next time
-                delay = 0.0
-                error = f"no NotifyRegistrationStatus from the kubelet within {timeout:g}s"
-                timeout = min(REGISTRATION_BACKOFF_CAP, timeout * 2)
-            log.warning("kubelet_registration_retry", attempt=attempt, error=error,
-                        retry_in=delay, socket=str(self.config.registration_socket))
-            await asyncio.sleep(delay)
-            await self._offer_registration()
-
-    async def _check_extended_resources(self) -> None:
-        """Once, at start: the extended resource names our DeviceClasses serve that the node
-        also advertises (a device plugin still running; driver/publish/extendedresources.py)."""
-        log = structlog.get_logger(component="extended-resources")
-        node = self.config.node_name
-        while True:
-            try:
-                obj = await asyncio.to_thread(self.kube.request, "GET", f"/api/v1/nodes/{node}")
-                break
-            except ApiError as err:  # the API server is down: look again later
-                log.warning("node_lookup_failed", node=node, error=str(err))
-                await asyncio.sleep(30)
-        found = extendedresources.served_twice(obj or {}, self.config.extended_resource_names)
-        for twice in found:
-            log.warning("extended_resource_served_twice", node=node, resource=twice.name,
-                        allocatable=twice.allocatable, message=twice.message(node))
-        try:
-            extendedresources.record(self.config.state_dir, self.instance.token, found)
-        except OSError as err:
-            log.warning("extended_resources_not_recorded", error=str(err))
-
-    async def _sharing_loop(self) -> None:
-        """Shared GPUs as the prepared claims need them: after a crash or reboot at once,
-        then periodically (a dead MPS daemon, a setup whose undo failed)."""
-        log = structlog.get_logger(component="sharing")
-        while True:
-            try:
-                await self.preparer.reconcile_sharing()
-            except Exception as err:  # a bug must not end the loop
-                log.exception("sharing_reconcile_failed", error=str(err))
-            await asyncio.sleep(self.config.sharing_reconcile_interval)
-
-    async def _probe_loop(self) -> None:
-        log = structlog.get_logger(component="health")
-        try:
-            while True:
-                try:
-                    await asyncio.to_thread(self.prober.probe)
-                except Exception as err:  # a probe bug must not end health reporting
-                    log.error("health_probe_failed", error=str(err))
-                await asyncio.sleep(self.config.health_interval)
-        finally:
-            self.prober.close()
-
     async def _serve(self, server: grpc.aio.Server, sock: OwnedSocket) -> None:
         server.add_insecure_port(sock.address())
         await server.start()
@@ -445,13 +195,6 @@ class Plugin:
         self.preparer.checkpoint.close()
         self.instance.release()
         structlog.get_logger(component="plugin").info("plugin_stopped")
-
-
-def _count_kinds(inventory: Inventory) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for device in inventory.devices:
-        counts[device.kind.value] = counts.get(device.kind.value, 0) + 1
-    return counts
 
 
 async def serve(config: Config, kube: Kube | None = None) -> int:

@@ -35,7 +35,7 @@ RANKS: list[tuple[int, str, tuple[str, ...]]] = [
     (11, "driver.cli", ("driver.cli", "driver.__main__")),
 ]
 # The service's modules at the top of the package (the plugin and what it is made of).
-SERVICE = {"config", "node", "preflight", "plugin", "startup", "nodeview", "report"}
+SERVICE = {"config", "node", "preflight", "assembly", "loops", "plugin", "nodeview", "report"}
 
 
 def owner(module: str) -> tuple[int, str]:
