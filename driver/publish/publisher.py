@@ -15,9 +15,9 @@ field selectors spec.nodeName and spec.driver) and writes only the difference:
   generation+1, then delete the rest. The scheduler trusts a pool only when all slices of
   its highest generation are there, so it never mixes old and new device sets.
 
-Quantities are compared by value: the API server stores `40960Mi` as `40Gi`, and a
-string comparison would rewrite such a slice on every pass. Updates start from the live
-object, so labels, annotations, finalizers and owner references others added survive;
+What the slices should be, and whether a listed one already is, comes from
+driver/publish/desired.py (quantities compared by value, builds kept while their inputs
+are unchanged). Updates start from the live object, so labels, annotations, finalizers and owner references others added survive;
 deletes carry the UID and resourceVersion we saw, so a slice re-created meanwhile stays.
 
 During a seamless upgrade two instances run; only the newest live one writes
@@ -29,10 +29,7 @@ is already published on the same device keeps its timeAdded.
 A watch on our slices triggers a reconcile whenever someone else deletes or edits one
 (the kubelet deletes a driver's slices at its start and after the driver disconnects), and
 keeps the copy of them a reconcile compares with (driver/publish/slicecache.py): while the watch
-runs, a reconcile makes no LIST. The desired slices and the normalized form of both sides
-are kept while their inputs are unchanged (the same inventory object, taints, generation,
-the same listed resourceVersion), so that a no-change reconcile on a node of 2,048 devices
-neither builds, decodes nor normalizes them again. API errors are retried with capped
+runs, a reconcile makes no LIST. API errors are retried with capped
 exponential backoff and jitter, and the reconcile after a failed one LISTs; prepare calls
 do not depend on any of this.
 """
@@ -47,13 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
-from driver.kube import quantity
-from driver.publish import slices
 from driver.aio import wait_event
-from driver.devices.model import Device, Inventory
-from driver.kube.client import ApiError, Kube, NotFound
+from driver.devices.model import Inventory
+from driver.kube.client import API_GROUP, ApiError, Kube, NotFound
+from driver.publish import slices
+from driver.publish.desired import DesiredSlices, node_owners
 from driver.publish.slicecache import SliceCache
-from driver.kube.client import API_GROUP
 from driver.publish.slices import PoolIdentity
 
 BACKOFF_BASE = 0.5
@@ -73,67 +69,6 @@ class PublishStats:
     lists: int = 0  # LISTs a reconcile made (none while the watch keeps the copy)
 
 
-# The device fields this driver writes. Anything else in a listed slice (defaults a newer
-# API server adds) is not ours and must not look like a difference: otherwise every
-# reconcile would rewrite the slice and its watch event would trigger the next rewrite.
-_DEVICE_FIELDS = ("attributes", "capacity", "taints", "allowMultipleAllocations", "consumesCounters")
-
-
-def _quantity(value: Any) -> Any:
-    try:
-        return quantity.parse(value)[0]
-    except quantity.QuantityError:
-        return value  # not a quantity (someone else's edit): compared as it is
-
-
-def _device(device: dict) -> dict:
-    body = device.get("basic", device)  # v1beta1 nests the fields under `basic`
-    fields = {k: body[k] for k in _DEVICE_FIELDS if body.get(k)}
-    if isinstance(fields.get("capacity"), dict):
-        fields["capacity"] = {
-            name: (_capacity(c) if isinstance(c, dict) else c)
-            for name, c in fields["capacity"].items()
-        }
-    return {"name": device.get("name"), **fields}
-
-
-def _capacity(capacity: dict) -> dict:
-    """A capacity entry with every quantity (value and request policy) compared by value."""
-    out = {**capacity, "value": _quantity(capacity.get("value"))}
-    policy = capacity.get("requestPolicy")
-    if isinstance(policy, dict):
-        policy = dict(policy)
-        if "default" in policy:
-            policy["default"] = _quantity(policy["default"])
-        if isinstance(policy.get("validRange"), dict):
-            policy["validRange"] = {k: _quantity(v) for k, v in policy["validRange"].items()}
-        if isinstance(policy.get("validValues"), list):
-            policy["validValues"] = [_quantity(v) for v in policy["validValues"]]
-        out["requestPolicy"] = policy
-    return out
-
-
-def _node_owners(obj: dict) -> list:
-    """Our owner reference (the Node); references others added are theirs to keep."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return [r for r in refs if isinstance(r, dict) and r.get("kind") == "Node"]
-
-
-def _content(obj: dict, device: Callable[[dict], dict] = _device) -> dict:
-    """What we own in a slice, normalized: everything but the pool generation."""
-    spec = obj.get("spec") or {}
-    pool = dict(spec.get("pool") or {})
-    pool.pop("generation", None)
-    return {
-        "driver": spec.get("driver"),
-        "nodeName": spec.get("nodeName"),
-        "pool": pool,
-        "devices": [device(d) for d in spec.get("devices") or []],
-        "sharedCounters": spec.get("sharedCounters") or [],
-        "owners": _node_owners(obj),
-    }
-
-
 def _uses(obj: dict | None, device_field: str, spec_field: str | None = None) -> bool:
     spec = (obj or {}).get("spec") or {}
     return bool(spec_field and spec.get(spec_field)) or any(
@@ -143,11 +78,6 @@ def _uses(obj: dict | None, device_field: str, spec_field: str | None = None) ->
 def _dropped(sent: dict, stored: dict | None, device_field: str, spec_field: str | None = None) -> bool:
     """We sent the field and the server did not keep it (its feature gate is off)."""
     return _uses(sent, device_field, spec_field) and not _uses(stored, device_field, spec_field)
-
-
-def _partition(objects: Sequence[dict]) -> dict[str, tuple[str, ...]]:
-    return {o["metadata"]["name"]: tuple(d.get("name") for d in o.get("spec", {}).get("devices") or [])
-            for o in objects}
 
 
 def _one_slice_regrouped(known: Mapping[str, tuple], want: Mapping[str, tuple], have: Mapping) -> bool:
@@ -165,38 +95,6 @@ def _pool(obj: dict, field_name: str) -> int | None:
     """A pool field of a listed slice; None when someone else's edit left it unusable."""
     value = ((obj.get("spec") or {}).get("pool") or {}).get(field_name)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-@dataclass
-class _Desired:
-    """One build of the desired slices, with what a reconcile compares of them."""
-
-    inputs: tuple
-    slices: list[dict]
-    contents: dict[str, dict]  # name -> normalized content
-    partition: dict[str, tuple[str, ...]]
-    before: "_Desired | None" = None  # the build this one replaced
-    kept: frozenset[str] = frozenset()  # slices whose content is the same as in `before`
-
-
-def _same_content(old: dict | None, new: dict) -> bool:
-    """Whether a slice's content is unchanged from one build to the next, told cheaply:
-    its devices' normalized entries are the same objects (`Publisher._build` keeps a
-    device's entry while the device is unchanged), and the few other fields are equal."""
-    if old is None or len(old["devices"]) != len(new["devices"]):
-        return False
-    return (all(a is b for a, b in zip(old["devices"], new["devices"]))
-            and all(old[key] == new[key] for key in new if key != "devices"))
-
-
-@dataclass
-class _Listed:
-    """A listed slice at one resourceVersion, normalized once."""
-
-    version: str | None
-    content: dict
-    devices: tuple[str, ...]
-    equal_to: _Desired | None = None  # the build it was found equal to
 
 
 @dataclass
@@ -241,13 +139,7 @@ class Publisher:
         self._standing_by: Any = None  # the newer instance we leave writes to
         self.cache = SliceCache()
         self._relist = False  # the last reconcile failed: do not trust the copy
-        self._desired: _Desired | None = None  # the last build
-        # device name -> (device, how it was published, its entry, the entry normalized):
-        # after one VF changed, a build makes one entry, not 2,048.
-        self._entries: dict[str, tuple[Device, tuple, dict, dict]] = {}
-        self._listed: dict[str, _Listed] = {}
-        # (the listed slices' names and versions, device -> {taint: timeAdded} in them)
-        self._taint_times: tuple[tuple, dict[str, dict[tuple, str]]] | None = None
+        self.desired = DesiredSlices()
         self._waiting_for_health = False
 
     # -- triggers ------------------------------------------------------------------------
@@ -328,69 +220,6 @@ class Publisher:
             self._relist = False
         return snapshot
 
-    def _have(self, obj: dict) -> _Listed:
-        """A listed slice normalized, once per resourceVersion."""
-        name = obj["metadata"]["name"]
-        version = obj["metadata"].get("resourceVersion")
-        known = self._listed.get(name)
-        if known is not None and version is not None and known.version == version:
-            return known
-        listed = _Listed(version, _content(obj), _partition([obj])[name])
-        if version is not None:
-            self._listed[name] = listed
-        return listed
-
-    def _unchanged(self, have: dict, desired: _Desired, name: str) -> bool:
-        listed = self._have(have)
-        if listed.equal_to is desired:
-            return True  # compared at this resourceVersion with this build already
-        if listed.equal_to is not None and listed.equal_to is desired.before and name in desired.kept:
-            # Equal to the last build, which this one did not change here (one VF added
-            # leaves 15 of 16 slices so): no need to compare 128 devices again.
-            listed.equal_to = desired
-            return True
-        if listed.content != desired.contents[name]:
-            return False
-        listed.equal_to = desired
-        return True
-
-    def _build(self, inventory: Inventory, pool: PoolIdentity, current: int, taints: Mapping,
-               sharing: str, layout: str | None) -> _Desired:
-        """The desired slices; rebuilt only when an input changed. Rediscovery replaces
-        the inventory object only when it changed, so the same object means the same
-        devices."""
-        inputs = (inventory, pool, current, self.api_version, dict(taints), sharing, layout)
-        built = self._desired
-        if built is not None and built.inputs[0] is inventory and built.inputs[1:] == inputs[1:]:
-            return built
-        entries: dict[str, tuple[Device, tuple, dict, dict]] = {}
-        normalized: dict[int, dict] = {}
-
-        def entry(device: Device, api_version: str, device_taints: Sequence[dict], how: str) -> dict:
-            key = (api_version, how, copy.deepcopy(list(device_taints)) if device_taints else [])
-            known = self._entries.get(device.name)
-            if known is None or known[0] is not device or known[1] != key:
-                body = slices.device_body(device, api_version, device_taints, how)
-                known = (device, key, body, _device(body))
-            entries[device.name] = known
-            normalized[id(known[2])] = known[3]
-            return known[2]
-
-        desired = slices.build(inventory, pool, current, self.api_version, taints, sharing, layout, entry)
-        self._entries = entries  # devices gone are forgotten
-
-        def device(body: dict) -> dict:
-            return normalized.get(id(body)) or _device(body)
-
-        contents = {o["metadata"]["name"]: _content(o, device) for o in desired}
-        before = self._desired
-        kept: frozenset[str] = frozenset()
-        if before is not None:
-            before.before = None  # one build back is all a comparison uses
-            kept = frozenset(name for name, c in contents.items() if _same_content(before.contents.get(name), c))
-        self._desired = _Desired(inputs, desired, contents, _partition(desired), before, kept)
-        return self._desired
-
     # -- reconcile -----------------------------------------------------------------------
     def reconcile(self) -> int:
         """One pass; returns the number of writes. Raises ApiError on failure."""
@@ -417,13 +246,13 @@ class Publisher:
         # v1beta1 (1.32) has no device taints; where the server drops them (feature gate
         # off) we stop sending them rather than rewriting the slice forever.
         taints = self.taints() if self.taints_supported and self.api_version != "v1beta1" else {}
-        taints = self._keep_time_added(taints, existing)
+        taints = self.desired.keep_time_added(taints, existing)
         sharing = self.sharing if self.sharing_supported else slices.EXCLUSIVE
         inventory = self.inventory()
         layout = self._layout(bool(inventory.counter_sets))
-        built = self._build(inventory, pool, current, taints, sharing, layout)
+        built = self.desired.build(inventory, pool, current, self.api_version, taints, sharing, layout)
         desired, want = built.slices, built.partition
-        have = {name: self._have(obj).devices for name, obj in existing.items()}
+        have = {name: self.desired.listed(obj).devices for name, obj in existing.items()}
         # What we last published, if this process published: then an external edit or
         # delete is repaired in place. A fresh process trusts the API server's partition.
         known = self._published if self._published and self._published[0] == current else (current, have)
@@ -435,7 +264,7 @@ class Publisher:
         )
         writes = 0
         changed = [o for o in desired if o["metadata"]["name"] not in existing
-                   or not self._unchanged(existing[o["metadata"]["name"]], built, o["metadata"]["name"])]
+                   or not self.desired.unchanged(existing[o["metadata"]["name"]], built, o["metadata"]["name"])]
         if self._defer(bool(changed) or not in_place):
             return 0
         if in_place:
@@ -447,7 +276,7 @@ class Publisher:
                               devices=len(want[name]), before=len(known[1].get(name) or ()))
         else:
             generation = current + 1
-            self._desired = None  # built for the old generation: not the next pass's
+            self.desired.forget()  # built for the old generation: not the next pass's
             for obj in desired:
                 obj["spec"]["pool"]["generation"] = generation
                 writes += self._put(obj, existing.get(obj["metadata"]["name"]))
@@ -467,54 +296,6 @@ class Publisher:
         if not self.stats.published:
             self.log.info("slices_in_sync", writes=writes, generation=generation)
         self.stats.published = True
-
-    def _keep_time_added(self, taints: Mapping[str, Sequence[dict]],
-                         existing: Mapping[str, dict]) -> Mapping[str, Sequence[dict]]:
-        """Our taints, each with the timeAdded of the same taint (key, value, effect) on the
-        same device in the slices already published: the condition has held since then
-        (a restart or an upgrade finds it again, with a later time), and a new time would
-        rewrite an unchanged slice. A taint that is new or changed keeps its own time."""
-        if not taints:
-            return taints
-        published = self._published_taints(existing)
-        out: dict[str, Sequence[dict]] | None = None
-        for device, wanted in taints.items():
-            before = published.get(device)
-            if not before:
-                continue
-            kept = []
-            for taint in wanted:
-                since = before.get(_taint_key(taint))
-                kept.append({**taint, "timeAdded": since}
-                            if since is not None and since != taint.get("timeAdded") else taint)
-            if any(a is not b for a, b in zip(kept, wanted)):
-                if out is None:
-                    out = dict(taints)
-                out[device] = kept
-        return taints if out is None else out
-
-    def _published_taints(self, existing: Mapping[str, dict]) -> dict[str, dict[tuple, str]]:
-        """device -> {(key, value, effect): timeAdded} in the listed slices; read again only
-        when a slice changed (its resourceVersion)."""
-        versions = tuple(sorted((name, (obj.get("metadata") or {}).get("resourceVersion"))
-                                for name, obj in existing.items()))
-        if self._taint_times is not None and self._taint_times[0] == versions:
-            return self._taint_times[1]
-        index: dict[str, dict[tuple, str]] = {}
-        for obj in existing.values():
-            for device in (obj.get("spec") or {}).get("devices") or []:
-                body = device.get("basic", device) if isinstance(device, dict) else None
-                if not isinstance(body, dict):
-                    continue  # someone else's malformed entry: nothing to keep from it
-                found = body.get("taints")
-                if not isinstance(found, list):
-                    continue
-                times = {_taint_key(t): t["timeAdded"] for t in found
-                         if isinstance(t, dict) and isinstance(t.get("timeAdded"), str)}
-                if times:
-                    index[str(device.get("name"))] = times
-        self._taint_times = (versions, index)
-        return index
 
     def _defer(self, would_write: bool) -> bool:
         """True while a newer instance publishes: then this one writes nothing."""
@@ -683,11 +464,6 @@ class Publisher:
         return True
 
 
-def _taint_key(taint: dict) -> tuple:
-    """What makes two taints the same one (the server leaves out an empty value)."""
-    return taint.get("key"), taint.get("value") or "", taint.get("effect")
-
-
 def _updated(live: dict, desired: dict) -> dict:
     """The PUT body: the live object (resourceVersion, labels, annotations, finalizers and
     what else others keep there) with our spec and our Node owner reference."""
@@ -698,7 +474,7 @@ def _updated(live: dict, desired: dict) -> dict:
     body["kind"] = desired["kind"]
     body["spec"] = desired["spec"]
     meta = body.setdefault("metadata", {})
-    theirs = [r for r in meta.get("ownerReferences") or [] if r not in _node_owners(live)]
+    theirs = [r for r in meta.get("ownerReferences") or [] if r not in node_owners(live)]
     ours = desired["metadata"].get("ownerReferences") or []
     if ours or theirs:
         meta["ownerReferences"] = ours + theirs
