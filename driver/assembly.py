@@ -33,6 +33,7 @@ from driver.prepare.claims import ClaimReader
 from driver.prepare.claimstatus import StatusWriter
 from driver.prepare.devicestate import DeviceStates
 from driver.prepare.gpucontrol import GpuControl
+from driver.prepare.idlestatus import IdleConditions
 from driver.prepare.metadata import MetadataFiles
 from driver.prepare.mig import MigPartitions, MigRecords
 from driver.prepare.mps import MpsDaemons
@@ -208,7 +209,7 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         utilization = UtilizationMonitor(
             Sampler(node.nvml, node.sysfs, inventory), tracker, checkpoint.records,
             config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
-            status, leader)
+            IdleConditions(status) if status is not None else None, leader)
         metrics.watch_utilization(DeviceSeries(utilization.views, config.driver_name))
     return Parts(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                  health, prober, metrics, Probes(ready), instance, utilization, xid)

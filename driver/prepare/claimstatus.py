@@ -8,9 +8,10 @@ are; an apply with no entries removes ours (unprepare). `metadata.uid` in the bo
 the write a precondition: a claim deleted and re-created under the same name is not
 touched.
 
-An `Idle` condition (driver/monitoring/utilization/) joins an entry while its device sits idle: the
-utilization monitor sets it with `set_idle`, and it stays on every state written for that
-device until cleared. Ready keeps its lastTransitionTime when only Idle changes.
+Each kind of status has its own source: Ready (and `data`) come from prepare and
+unprepare (`StatusWriter.publish`); the `Idle` condition from the utilization monitor
+(driver/prepare/idlestatus.py), as an overlay applied to every state written for that
+device until it is cleared. Ready keeps its lastTransitionTime when only Idle changes.
 
 Writes run on a thread of their own, off the prepare path: a prepare never waits for one
 and never fails because of one. A new state is written 0.2 s after it is known; a newer
@@ -26,13 +27,12 @@ RBAC: `patch` on `resourceclaims/status`; from Kubernetes 1.36 also
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Protocol
 
 import structlog
 
@@ -94,7 +94,7 @@ def apply_body(ref: ClaimRef, driver: str, devices: list[DeviceStatus], version:
             "status": {"devices": [entry(driver, d, at(d)) for d in devices]}}
 
 
-def _key(status: DeviceStatus) -> tuple[str, str, str | None]:
+def key(status: DeviceStatus) -> tuple[str, str, str | None]:
     return status.pool, status.device, status.share_id
 
 
@@ -114,8 +114,15 @@ def ours(claim: dict, driver: str) -> tuple[list[DeviceStatus], dict]:
                               (idle.get("message", ""), idle.get("lastTransitionTime", ""))
                               if idle and idle.get("status") == "True" else None)
         found.append(status)
-        times[_key(status)] = (status.ready, status.reason, ready.get("lastTransitionTime") or now())
+        times[key(status)] = (status.ready, status.reason, ready.get("lastTransitionTime") or now())
     return found, times
+
+
+class Overlay(Protocol):
+    """A kind of status kept apart from prepare's (the Idle condition): given the entries
+    about to be written for a claim, the entries with its part added."""
+
+    def __call__(self, ref: ClaimRef, devices: list[DeviceStatus]) -> list[DeviceStatus]: ...
 
 
 @dataclass
@@ -136,8 +143,8 @@ class StatusWriter:
     # uid -> what was last written: the kubelet repeats prepares (after a restart, for
     # every pod of a claim); the same state is not written again with a new timestamp.
     _written: dict[str, list[DeviceStatus]] = field(default_factory=dict)
-    # uid -> (pool, device, share) -> (message, since): Idle conditions to carry
-    _idle: dict[str, dict[tuple, tuple[str, str]]] = field(default_factory=dict)
+    # the other kinds of status, applied to every state written (driver/prepare/idlestatus.py)
+    overlays: list[Overlay] = field(default_factory=list)
     # uid -> (pool, device, share) -> (ready, reason, time): Ready's lastTransitionTime
     _times: dict[str, dict[tuple, tuple[bool, str, str]]] = field(default_factory=dict)
     _cv: threading.Condition = field(default_factory=threading.Condition)
@@ -153,10 +160,8 @@ class StatusWriter:
         with self._cv:
             if self._stopped:
                 return
-            if not devices:
-                self._idle.pop(ref.uid, None)
-            overlay = self._idle.get(ref.uid, {})
-            devices = [dataclasses.replace(d, idle=overlay.get(_key(d))) for d in devices]
+            for overlay in self.overlays:
+                devices = overlay(ref, devices)
             pending = self._pending.get(ref.uid)
             if pending is None and self._written.get(ref.uid) == list(devices):
                 return
@@ -167,34 +172,15 @@ class StatusWriter:
                 self._thread.start()
             self._cv.notify()
 
-    def set_idle(self, ref: ClaimRef, pool: str, device: str, share_id: str | None,
-                 idle: tuple[str, str] | None) -> None:
-        """Add (message, since) or remove (None) the Idle condition of one entry. A claim
-        this process has not written yet (prepared before a restart) is read back from the
-        server first: the entries are re-applied whole, Ready as it is there."""
-        key = (pool, device, share_id)
+    def current(self, uid: str) -> list[DeviceStatus] | None:
+        """The entries pending or last written for a claim; None when this process has
+        written none (a claim prepared before a restart)."""
         with self._cv:
-            overlay = self._idle.setdefault(ref.uid, {})
-            if idle is None:
-                if overlay.pop(key, None) is None:
-                    return
-            elif overlay.get(key) == idle:
-                return
-            else:
-                overlay[key] = idle
-            pending = self._pending.get(ref.uid)
-            base = pending.devices if pending is not None else self._written.get(ref.uid)
-        if base is None:
-            if idle is None:
-                return
-            base = self._read_back(ref)
-            if not base:
-                with self._cv:
-                    self._idle.pop(ref.uid, None)
-                return
-        self.publish(ref, base)
+            pending = self._pending.get(uid)
+            return list(pending.devices) if pending is not None else self._written.get(uid)
 
-    def _read_back(self, ref: ClaimRef) -> list[DeviceStatus]:
+    def read_back(self, ref: ClaimRef) -> list[DeviceStatus]:
+        """This driver's entries of the claim as the server has them, remembered as written."""
         try:
             version = self.kube.resource_version()
             claim = self.kube.request("GET", f"/apis/{API_GROUP}/{version}/namespaces/"
@@ -264,7 +250,7 @@ class StatusWriter:
             times = self._times.get(item.ref.uid, {})
 
             def ready_since(d: DeviceStatus) -> str:
-                known = times.get(_key(d))
+                known = times.get(key(d))
                 return known[2] if known and known[:2] == (d.ready, d.reason) else stamp
 
             body = apply_body(item.ref, self.driver, item.devices, version, ready_since)
@@ -294,7 +280,7 @@ class StatusWriter:
                     self._cv.notify()
             return
         self._remember(item.ref.uid, item.devices or None,
-                       {_key(d): (d.ready, d.reason, ready_since(d)) for d in item.devices})
+                       {key(d): (d.ready, d.reason, ready_since(d)) for d in item.devices})
         log.debug("claim_status_written", devices=len(item.devices))
 
     def _remember(self, uid: str, devices: list[DeviceStatus] | None, times: dict | None = None) -> None:

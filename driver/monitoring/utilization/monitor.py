@@ -20,7 +20,7 @@ import structlog
 
 from driver.state.checkpoint import ClaimRecord, State
 from driver.prepare.claims import ClaimRef
-from driver.prepare.claimstatus import StatusWriter
+from driver.prepare.idlestatus import IdleConditions
 from driver.devices.model import Device, DeviceKind, Inventory
 from driver.kube.client import ApiError
 from driver.monitoring.utilization.events import ClaimEvent, EventRecorder, micro_time
@@ -99,7 +99,7 @@ def idle_message(sample: Sample, idle_seconds: float) -> str:
 class UtilizationMonitor:
     def __init__(self, sampler: Sampler, tracker: IdleTracker,
                  records: Callable[[], Iterable[ClaimRecord]], pool: str,
-                 events: EventRecorder | None = None, status: StatusWriter | None = None,
+                 events: EventRecorder | None = None, status: IdleConditions | None = None,
                  leader: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.time) -> None:
         self.sampler = sampler
