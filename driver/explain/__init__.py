@@ -6,6 +6,11 @@
   and where the claim comes from.
 - `engine`: each request against each device, the first reason it is out; then counts,
   constraints and counters per node; a verdict per node.
+- `verdicts`: what the engine finds, as data (device, alternative, node, explanation).
 - `suggest`: the obvious fixes (units, typos in attribute names, non-semver versions).
 - `render`: a table for people, JSON for tools.
+- `configs`: opaque configs checked with the driver's own decoder; `command`: the CLI.
+
+Imports run command → configs/render → engine → suggest → verdicts/world; the scheduler's
+model comes from `driver.scheduling`, the claims of the demo from `driver.demo`.
 """
