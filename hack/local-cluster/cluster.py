@@ -75,6 +75,9 @@ FEATURE_GATES = {
     "DRAPartitionableDevices": True,
     "DRADeviceTaints": True,
     "DRADeviceBindingConditions": True,
+    # KEP-4680: the kubelet puts our DRAResourceHealth stream into the pod's
+    # allocatedResourcesStatus (beta and on by default from 1.36, alpha in 1.34)
+    "ResourceHealthStatus": True,
 }
 # DRA_LOCAL_CLUSTER_FEATURE_GATES="A=false,B=true" overrides some, for every component (to
 # see a test fail when a gate it relies on is off, or to try an alpha one).
