@@ -7,6 +7,8 @@
 #   bin/containerd-<CONTAINERD_VERSION>/{containerd,containerd-shim-runc-v2,ctr}
 #   bin/runc-<RUNC_VERSION>/runc
 #   bin/cni-<CNI_PLUGINS_VERSION>/{bridge,host-local,loopback}
+#   the driver's image, as two layer tars in ~/.cache/dra-local-cluster/driver-image
+#   (image.sh: debootstrap + requirements.lock + this checkout's package; needs debootstrap)
 # The Go module and build caches stay where `go env GOMODCACHE GOCACHE` says (outside the
 # repository), so a second build only relinks what changed; a build whose inputs did not
 # change is skipped (a stamp of the inputs beside each binary).
@@ -129,12 +131,18 @@ build_cni() {
     "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION"
 }
 
+# --- the driver's image (pods that run our code: the MPS control daemon) -------------------
+build_image() {
+  timed "driver image" "$here/image.sh" >/dev/null
+}
+
 what=${1:-all}
 case "$what" in
   k8s) build_k8s ;;
   containerd) build_containerd ;;
   runc) build_runc ;;
   cni) build_cni ;;
-  all) build_containerd; build_runc; build_cni; build_k8s ;;
-  *) echo "usage: build.sh [all|k8s|containerd|runc|cni]" >&2; exit 2 ;;
+  image) build_image ;;
+  all) build_containerd; build_runc; build_cni; build_k8s; build_image ;;
+  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|image]" >&2; exit 2 ;;
 esac

@@ -65,8 +65,20 @@ BUSYBOX_IMAGES = ["docker.io/library/busybox:1.36", "localhost/dra-local-cluster
 # use with plain `sh -c` commands (env, ls of device nodes, the mock's nvidia-smi that the
 # CDI spec mounts). Their contents are NOT the vendors' images; what the examples test is
 # allocation, preparation and CDI injection, which does not depend on the image.
-STAND_IN_IMAGES = ["nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                   "docker.io/xilinx/xilinx_runtime_base:alveo-2023.2-ubuntu-22.04"]
+STAND_IN_IMAGES = ["docker.io/xilinx/xilinx_runtime_base:alveo-2023.2-ubuntu-22.04"]
+# NVIDIA's images under the same terms, with their environment: they put
+# /usr/local/nvidia/bin on PATH and /usr/local/nvidia/lib{,64} on LD_LIBRARY_PATH, where
+# the driver's CDI specs mount nvidia-smi and the libraries (driver/devices/nvlibs.py), so
+# `nvidia-smi -L` in an example runs the node's (here the mock's) nvidia-smi.
+NVIDIA_STAND_IN_IMAGES = ["nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                          # gpu-nic-aligned runs `sh -c "env | grep ^DRA_; ls /dev/infiniband"`
+                          # in it; the examples that run `python -c "import torch…"` in it
+                          # cannot use a stand-in
+                          "nvcr.io/nvidia/pytorch:24.05-py3",
+                          # gpu-shared's first container: `sh -c "nvidia-smi -L; sleep infinity"`
+                          "nvcr.io/nvidia/tritonserver:24.05-py3"]
+NVIDIA_ENV = ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64"]
 # The beta DRA features the driver uses, on explicitly (on by default in 1.37; alpha in
 # 1.34). The GA ones (DynamicResourceAllocation, DRAResourceClaimDeviceStatus, ...) are on
 # by default and locked.
@@ -196,7 +208,8 @@ def kubeconfig(path: Path, server: str, ca: Path, user: dict) -> Path:
 
 # --- the workload images ----------------------------------------------------------------
 
-def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd: list[str]) -> Path:
+def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd: list[str],
+                env: list[str] | None = None) -> Path:
     """An OCI image layout tarball with one layer: Debian's busybox-static as /bin/busybox
     and a symlink per applet in /bin, plus the folders a container expects."""
     busybox = Path("/bin/busybox")
@@ -231,7 +244,7 @@ def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd:
     diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
     config = {
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin:/usr/bin"], "Cmd": cmd,
+        "config": {"Env": env or ["PATH=/bin:/usr/bin"], "Cmd": cmd,
                    **({"Entrypoint": entrypoint} if entrypoint else {})},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }
@@ -261,6 +274,74 @@ def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd:
         for digest, data in blobs.items():
             add(f"blobs/sha256/{digest.split(':')[1]}", data)
     return path
+
+
+# The driver's own image (hack/local-cluster/image.sh: debootstrap + /opt/dra + this
+# checkout's package), for pods that run our code: the MPS control daemon. Not latest, so
+# that the kubelet never tries to pull it (IfNotPresent).
+DRIVER_IMAGE = "localhost/dra-local-cluster/dra-accel-driver:local"
+IMAGE_CACHE = Path(os.environ.get("DRA_LOCAL_CLUSTER_CACHE", str(Path.home() / ".cache" / "dra-local-cluster"))) / "driver-image"
+
+
+def driver_image_archive(cache: Path = IMAGE_CACHE) -> Path:
+    """The OCI archive of the driver's image, assembled from image.sh's two layer tars
+    (kept beside them until a layer changes)."""
+    layers = [cache / "base.tar", cache / "top.tar"]
+    stamps = [cache / "base.stamp", cache / "top.stamp"]
+    if not all(p.exists() for p in layers + stamps):
+        raise ClusterError(f"the driver image is not built ({cache} has no layers): "
+                           "run hack/local-cluster/build.sh image")
+    stamp = "-".join(p.read_text().strip() for p in stamps)
+    archive = cache / "image.oci.tar"
+    if archive.exists() and (cache / "image.stamp").exists() and (cache / "image.stamp").read_text() == stamp:
+        return archive
+
+    def digest(path: Path) -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()
+
+    diff_ids = [digest(p) for p in layers]
+    config = {
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/opt/dra/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                           "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
+                   "Entrypoint": ["dra-driver"], "Cmd": ["run"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    small: dict[str, bytes] = {}
+
+    def blob(data: bytes, media: str) -> dict:
+        d = "sha256:" + hashlib.sha256(data).hexdigest()
+        small[d] = data
+        return {"mediaType": media, "digest": d, "size": len(data)}
+
+    cfg = blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": cfg,
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d,
+                            "size": p.stat().st_size} for d, p in zip(diff_ids, layers)]}
+    man = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": [dict(man, annotations={"io.containerd.image.name": DRIVER_IMAGE,
+                                                   "org.opencontainers.image.ref.name": DRIVER_IMAGE})]}
+    tmp = archive.with_suffix(".new")
+    with tarfile.open(tmp, "w") as t:
+        def add(name: str, data: bytes) -> None:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+            t.addfile(ti, io.BytesIO(data))
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", json.dumps(index).encode())
+        for d, data in small.items():
+            add(f"blobs/sha256/{d.split(':')[1]}", data)
+        for d, p in zip(diff_ids, layers):
+            t.add(str(p), arcname=f"blobs/sha256/{d.split(':')[1]}")
+    tmp.rename(archive)
+    (cache / "image.stamp").write_text(stamp)
+    return archive
 
 
 # Our sandbox ("pause") image: busybox's sh as PID 1, exiting on SIGTERM/SIGINT (PID 1 has
@@ -666,14 +747,26 @@ state = '{c / "state"}'
         images.mkdir(exist_ok=True)
         oci_archive(images / "pause.tar", [PAUSE_IMAGE], None, PAUSE_CMD)
         oci_archive(images / "busybox.tar", BUSYBOX_IMAGES + STAND_IN_IMAGES, None, ["sh"])
-        for tar in ("pause.tar", "busybox.tar"):
+        oci_archive(images / "nvidia.tar", NVIDIA_STAND_IN_IMAGES, None, ["sh"], env=NVIDIA_ENV)
+        for tar in ("pause.tar", "busybox.tar", "nvidia.tar"):
             # --local: no content fetch from anywhere; the archive holds every blob.
             self.ctr("images", "import", "--local", str(images / tar))
         # The CRI plugin keeps the sandbox image from being garbage collected by the kubelet
         # (pinned); the busybox images are labelled pinned too, as there is no registry to
         # pull them again from.
-        for name in [PAUSE_IMAGE, *BUSYBOX_IMAGES, *STAND_IN_IMAGES]:
+        for name in [PAUSE_IMAGE, *BUSYBOX_IMAGES, *STAND_IN_IMAGES, *NVIDIA_STAND_IN_IMAGES]:
             self.ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
+
+    def import_driver_image(self) -> str:
+        """Imports the driver's image (built by `build.sh image`) into the node's containerd;
+        returns its name. Not part of `up` for the tests: unpacking ~400 MB costs seconds that
+        only the tests of pods running our code need (`cluster.py up` imports it if built)."""
+        archive = driver_image_archive()
+        t0 = time.monotonic()
+        self.ctr("images", "import", "--local", str(archive))
+        self.ctr("images", "label", DRIVER_IMAGE, "io.cri-containerd.pinned=pinned")
+        self.note(f"driver image imported in {time.monotonic() - t0:.1f}s")
+        return DRIVER_IMAGE
 
     def _bridge(self) -> None:
         prefix = ipaddress.ip_network(POD_CIDR).prefixlen
@@ -850,6 +943,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             c.up(args.timeout)
+            if (IMAGE_CACHE / "top.tar").exists():
+                print(f"imported {c.import_driver_image()} (the MPS control daemon's image)")
             os.close(c._lock_fd)  # the running cluster keeps the lock file; `down` cleans up
             print(f"cluster up in {(c.root / 'up-seconds').read_text().strip()}s; logs in {c.logs}\n"
                   f"export KUBECONFIG={c.admin_kubeconfig} PATH={c.k8s_bin}:$PATH")

@@ -93,6 +93,19 @@ def cluster():
     TIMINGS["down"] = time.monotonic() - t0
 
 
+@pytest.fixture(scope="session")
+def driver_image(cluster) -> str:
+    """The driver's image (hack/local-cluster/image.sh, built by build.sh all) imported into
+    the node's containerd, for pods that run our code (the MPS control daemon)."""
+    t0 = time.monotonic()
+    try:
+        name = cluster.import_driver_image()
+    except lc.ClusterError as e:
+        pytest.fail(f"the driver image: {e}", pytrace=False)
+    TIMINGS["driver image import"] = time.monotonic() - t0
+    return name
+
+
 def _all_logs(c, lines: int = 30) -> str:
     out = []
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
