@@ -657,14 +657,7 @@ class Cluster:
         self._bridge()
         self._cgroup_root(create=True)
         self._kubelet_config()
-        self._start("kubelet", [
-            k8s, "kubelet",
-            f"--config={self.root / 'kubelet' / 'config.yaml'}",
-            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}",
-            f"--root-dir={self.kubelet_dir}",
-            f"--hostname-override={NODE}", f"--node-ip={NODE_IP}",
-        ], env={"PATH": path})
-        self.note("started kubelet")
+        self._start_kubelet()
         self._wait(f"node {NODE} Ready", self.node_ready, timeout, "kubelet")
         self.note(f"node {NODE} Ready")
         # pods need their namespace's default ServiceAccount (the controller-manager makes it)
@@ -676,6 +669,36 @@ class Cluster:
                 raise ClusterError(f"{name} exited:\n{self.tail(name)}")
         (self.root / "up-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
         return self
+
+    def _start_kubelet(self) -> None:
+        path = f"{self.containerd_bin}:{self.runc.parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        self._start("kubelet", [
+            str(self.k8s_bin / "k8s"), "kubelet",
+            f"--config={self.root / 'kubelet' / 'config.yaml'}",
+            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.kubelet_dir}",
+            f"--hostname-override={NODE}", f"--node-ip={NODE_IP}",
+        ], env={"PATH": path})
+        self.note("started kubelet")
+
+    def stop_kubelet(self) -> None:
+        """SIGTERM to the kubelet only: pods and containerd go on (a kubelet restart or
+        upgrade on a node)."""
+        self._stop("kubelet")
+
+    def start_kubelet(self, timeout: float = 120) -> None:
+        """The kubelet again, with the configuration `up` wrote; returns once it renewed
+        the node's Lease (the Ready condition would still read True from before)."""
+        started = datetime.datetime.now(datetime.timezone.utc)
+        self._start_kubelet()
+
+        def renewed() -> bool:
+            code, lease = self.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}",
+                                   timeout=5)
+            renew = (lease.get("spec") or {}).get("renewTime") if code == 200 else None
+            return bool(renew) and datetime.datetime.fromisoformat(renew.replace("Z", "+00:00")) >= started
+        self._wait(f"node {NODE}'s Lease renewed by the new kubelet", renewed, timeout, "kubelet")
+        self._wait(f"node {NODE} Ready", self.node_ready, timeout, "kubelet")
 
     def node_ready(self) -> bool:
         code, node = self.api("GET", f"/api/v1/nodes/{NODE}", timeout=5)
