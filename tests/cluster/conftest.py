@@ -57,6 +57,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i not in mine]
 
 
+# The end-of-run check that the chart grants nothing the tier never used (tests/cluster/rbac.py)
+# needs the whole tier: `pytest tests/cluster`, nothing deselected, every test passed.
+PARTIAL: list[str] = []
+UNUSED: list[str] = []
+REDUNDANT: list[str] = []
+CHECKED: list[int] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    PARTIAL.extend(i.nodeid for i in items if HERE in Path(str(i.fspath)).parents)
+
+
+def _whole_tier(config: pytest.Config) -> bool:
+    return not PARTIAL and any(Path(a).resolve() == HERE for a in config.args if "::" not in a)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails a whole, green run of the tier if the chart's ClusterRole or Role grants the
+    driver a verb that no request of the driver's service account used (audit log)."""
+    if "up" not in TIMINGS or exitstatus != 0 or not _whole_tier(session.config):
+        return
+    from tests.cluster import rbac
+    from tests.cluster.driverhost import NAMESPACE, service_account
+    from tests.test_chart import render
+
+    objects = render({"mock": {"enabled": True}})
+    account = f"system:serviceaccount:{NAMESPACE}:{service_account(objects)}"
+    events = lc.Cluster().audit(account)
+    left = rbac.unused(objects, events)
+    CHECKED.append(len(rbac.grants(objects)))
+    REDUNDANT.extend(str(g) for g in rbac.redundant(objects, events))
+    if left:
+        UNUSED.extend(str(g) for g in left)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def _unavailable(why: str):
     if CI:
         pytest.fail(f"cluster tier cannot run under CI=true: {why}", pytrace=False)
@@ -146,3 +182,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for (group, resource, verb), codes in sorted(calls.items()):
             terminalreporter.write_line(f"  {group} {resource} {verb}: "
                                         + ", ".join(f"{c}x{n}" for c, n in sorted(codes.items())))
+    if UNUSED:
+        terminalreporter.write_line(
+            f"FAILED: the chart grants the driver {len(UNUSED)} verb(s) that no request of the tier "
+            "used (remove the grant, or make the tier exercise what needs it):", red=True)
+        for line in UNUSED:
+            terminalreporter.write_line(f"  {line}", red=True)
+    elif CHECKED:
+        terminalreporter.write_line(f"chart RBAC: each of the {CHECKED[0]} granted verbs was used in this run")
+    for line in REDUNDANT:
+        terminalreporter.write_line(f"  (used, but another role allowed each request first: {line})")
