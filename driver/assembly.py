@@ -19,6 +19,7 @@ from driver.devices.nvlibs import DriverFiles
 from driver.kube.client import Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet.registration import DRA_SERVICES, Registration
+from driver.kubelet.sockets import sweep_private
 from driver.metrics import Metrics
 from driver.monitoring.devicemetrics import DeviceSeries
 from driver.monitoring.health import HealthState, Prober, XidWatcher
@@ -117,12 +118,14 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         GpuControl(node.nvml, node.driver_root_local),
         MpsDaemons(kube, config.driver_name, config.node_name, config.namespace,
                    config.mps_image, config.state_dir, node.driver_root_host,
-                   config.mps_start_timeout),
+                   config.mps_start_timeout, node.driver_root_local),
         boot_id, inventory)
     mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory,
                         claims=checkpoint.records)
     metadata = MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token)
     metadata.sweep_temp_files(instance.owner_state)
+    for directory in {config.registration_socket.parent, config.dra_socket.parent}:
+        sweep_private(directory, instance.owner_state)  # sockets of killed instances
     instance.forget_dead()  # after the sweeps above, which need to know who died
     metrics = Metrics(config.driver_name)
     status = (StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)

@@ -7,9 +7,17 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from driver.explain import configs, engine, render, sources
-from driver.explain import world as w
+if TYPE_CHECKING:
+    from driver.explain import engine, sources
+    from driver.explain import world as w
+
+# The engine and its CEL evaluator (cel-python, the `demo` extra) are imported when explain
+# runs, not when its options are added: the CLI builds every subcommand's parser, and the
+# driver's image (requirements.lock) has no cel-python, so an import here stopped every
+# `dra-driver` command in it, `run` and `mps-control-daemon` included (seen on the local
+# cluster: the MPS daemon pod crashed with "No module named 'celpy'").
 
 EXIT_FITS, EXIT_NOWHERE, EXIT_USAGE = 0, 1, 2
 
@@ -52,6 +60,16 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
     from driver.kube.client import ApiError
 
     try:
+        from driver.explain import engine, render, sources
+        from driver.explain import world as w
+    except ImportError as error:
+        if error.name not in ("celpy", "lark"):
+            raise
+        print(f"dra-driver explain: needs cel-python ({error.name} is not installed): "
+              "pip install 'dra-accel-driver[demo]'", file=err)
+        return EXIT_USAGE
+
+    try:
         explanations = _explanations(args)
     except (sources.SourceError, engine.ClaimError, w.WorldError) as error:
         print(f"dra-driver explain: {error}", file=err)
@@ -69,6 +87,9 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
 
 
 def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
+    from driver.explain import sources
+    from driver.explain import world as w
+
     if args.claim is None and args.filename is None:
         raise sources.SourceError("name a claim (CLAIM) or give -f FILE")
     offline = bool(args.slices or args.mock)
@@ -108,6 +129,8 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
 
 def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,
          driver: str) -> engine.Explanation:
+    from driver.explain import configs, engine
+
     source = f"{claim.kind} from {claim.origin}"
     result = engine.explain(claim.ref, claim.spec, world, claim.namespace, nodes,
                             skip_uid=claim.uid, source=source)
@@ -123,6 +146,7 @@ def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,
 
 
 def _kube(kubeconfig: Path | None):
+    from driver.explain import sources
     from driver.kube.client import ClientConfigError, Kube, api_client
 
     path = kubeconfig

@@ -79,6 +79,7 @@ class MpsDaemons:
     state_dir: Path  # host path (the chart mounts it at the same path)
     driver_root_host: Path  # the NVIDIA installation on the host, mounted into the pod
     start_timeout: float = MAX_START_WAIT  # how long one prepare waits for a new daemon
+    driver_root_local: Path | None = None  # the same, as this process sees it (default: host's)
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="mps")
@@ -209,9 +210,27 @@ class MpsDaemons:
         return f" (pod: {detail})"
 
     # -- the pod ---------------------------------------------------------------------------
+    def chroots(self) -> bool:
+        """Whether the daemon will run chrooted in the driver root (driver/prepare/mps_daemon.py
+        decides the same way: the root has a shell, so it is a full root filesystem)."""
+        local = self.driver_root_local or self.driver_root_host
+        return (local / "bin" / "sh").exists()
+
     def manifest(self, device: str, uuid: str, setup: Setup) -> dict:
         paths = self.paths(device)
         chroot_dir = f"{DAEMON_DRIVER_ROOT}{CHROOT_DIRECTORY}"
+        # Mounts inside the read-only driver root need their mountpoints there already: the
+        # runtime cannot make a folder in a read-only bind mount (runc: `make mountpoint
+        # "/driver-root/tmp": mkdirat …: read-only file system`, seen on the local cluster
+        # with a mock node's bare installation folder). A full root filesystem has /tmp and
+        # /dev/shm; a bare installation folder has neither, and the daemon does not chroot
+        # there, so it needs neither mount.
+        chroot_mounts = [
+            # Where the daemon, chrooted to the driver root, finds its pipe and log folders
+            # and the clients' shm (driver/prepare/mps_daemon.py).
+            {"name": "mps", "mountPath": chroot_dir},
+            {"name": "shm", "mountPath": f"{DAEMON_DRIVER_ROOT}/dev/shm"},
+        ] if self.chroots() else []
         command = ["dra-driver", "mps-control-daemon", "--uuid", uuid,
                    "--directory", str(paths.root), "--nvidia-driver-root", DAEMON_DRIVER_ROOT]
         if setup.active_threads is not None:
@@ -244,10 +263,7 @@ class MpsDaemons:
                         {"name": "mps", "mountPath": str(paths.root)},
                         {"name": "shm", "mountPath": "/dev/shm"},
                         {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True},
-                        # Where the daemon, chrooted to the driver root, finds its pipe and
-                        # log folders and the clients' shm (driver/prepare/mps_daemon.py).
-                        {"name": "mps", "mountPath": chroot_dir},
-                        {"name": "shm", "mountPath": f"{DAEMON_DRIVER_ROOT}/dev/shm"},
+                        *chroot_mounts,
                     ],
                 }],
                 "volumes": [
