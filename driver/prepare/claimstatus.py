@@ -58,9 +58,13 @@ class DeviceStatus:
     data: dict | None = None
     network: dict | None = None  # networkData: interfaceName, ips, hardwareAddress
     idle: tuple[str, str] | None = None  # (message, since): the Idle condition, if any
+    # (message, since): the NetworkReady condition, set once the NIC is in the pod's
+    # network namespace (driver/nri/status.py)
+    network_ready: tuple[str, str] | None = None
 
 
 IDLE, IDLE_REASON = "Idle", "DeviceIdle"
+NETWORK_READY, NETWORK_READY_REASON = "NetworkReady", "InterfaceMoved"
 
 
 def now() -> str:
@@ -78,6 +82,11 @@ def entry(driver: str, status: DeviceStatus, when: str) -> dict:
         body["conditions"].append({"type": IDLE, "status": "True", "reason": IDLE_REASON,
                                    "message": status.idle[0][:32768],
                                    "lastTransitionTime": status.idle[1]})
+    if status.network_ready is not None:
+        body["conditions"].append({"type": NETWORK_READY, "status": "True",
+                                   "reason": NETWORK_READY_REASON,
+                                   "message": status.network_ready[0][:32768],
+                                   "lastTransitionTime": status.network_ready[1]})
     if status.data:
         body["data"] = status.data
     if status.network:
@@ -108,11 +117,14 @@ def ours(claim: dict, driver: str) -> tuple[list[DeviceStatus], dict]:
         conditions = {c.get("type"): c for c in item.get("conditions") or []}
         ready = conditions.get("Ready") or {}
         idle = conditions.get(IDLE)
+        network = conditions.get(NETWORK_READY)
         status = DeviceStatus(item.get("pool", ""), item.get("device", ""), item.get("shareID"),
                               ready.get("status") == "True", ready.get("reason", ""),
                               ready.get("message", ""), item.get("data"), item.get("networkData"),
                               (idle.get("message", ""), idle.get("lastTransitionTime", ""))
-                              if idle and idle.get("status") == "True" else None)
+                              if idle and idle.get("status") == "True" else None,
+                              (network.get("message", ""), network.get("lastTransitionTime", ""))
+                              if network and network.get("status") == "True" else None)
         found.append(status)
         times[key(status)] = (status.ready, status.reason, ready.get("lastTransitionTime") or now())
     return found, times
