@@ -146,7 +146,7 @@ class Plugin(Parts):
         sock = OwnedSocket(self.config.registration_socket, self.instance.token)
         server.add_insecure_port(sock.address())
         await server.start()
-        sock.publish()
+        sock.publish(replaces=self._registrar[1] if self._registrar is not None else None)
         old, self._registrar = self._registrar, (server, sock)
         if old is not None:
             await old[0].stop(1.0)

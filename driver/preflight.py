@@ -55,13 +55,32 @@ def writable_directory(path: Path, option: str) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"{option} {path}: cannot be created: {err.strerror}") from err
-    probe = path / f".dra-driver-probe-{os.getpid()}"
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        _probe_write(path)
     except OSError as err:
         why = "is read-only" if err.errno == errno.EROFS else f"is not writable: {err.strerror}"
         raise ConfigError(f"{option} {path}: {why}") from err
+
+
+def _probe_write(path: Path) -> None:
+    """Write a file in `path` that never gets a name there (O_TMPFILE): the kubelet's plugin
+    watcher stats every file created in plugins_registry before it ignores dot-names, and a
+    named probe file removed at once gets an error line in the kubelet's log ("stat file
+    ... no such file or directory"). A filesystem without O_TMPFILE gets a named probe."""
+    try:
+        fd = os.open(path, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    else:
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        return
+    probe = path / f".dra-driver-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def existing_directory(path: Path, option: str) -> None:

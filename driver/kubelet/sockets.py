@@ -3,8 +3,16 @@
 gRPC unlinks the path it bound when the server stops. During an upgrade without unique
 socket names the new pod has by then replaced the old pod's socket file, and the old pod
 would delete the new one's. So we bind a private dot-name (the kubelet ignores dot files),
-rename it onto the public path (atomic: no moment without a socket, stale files from a
-crash replaced), and at stop remove the public path only if it is still our inode.
+put it at the public path, and at stop remove the public path only if it is still our inode.
+
+The kubelet's plugin watcher stats every file created in plugins_registry *before* it
+ignores dot-names (k8s.io/kubernetes pkg/kubelet/pluginmanager/pluginwatcher,
+handleCreateEvent), and logs `Error when handling create event ... stat file ... no such
+file or directory` for one that is gone by then. So the private name is not renamed away:
+it is hard-linked to the public name and stays while the socket lives (gRPC unlinks it
+when the server stops). Only a file that is not ours at the public name (another pod's
+socket during an upgrade without unique names, or one a crash left) is replaced by a
+rename, which is atomic: no moment without a socket there.
 
 The private name carries the instance token, not the PID: both pods of an upgrade are
 usually PID 1 and share the directories.
@@ -21,11 +29,46 @@ import hashlib
 import itertools
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
 PRIVATE_NAME_MAX = len(".s-") + 12 + len("-999")  # `.s-<token>-<n>`, see OwnedSocket
+
+
+PRIVATE_PREFIX = ".s-"
+# A private name whose owner is not known (its instance entry is gone) is removed only once
+# this old: it may be another instance's that is binding right now.
+SWEEP_MIN_AGE_SECONDS = 60.0
+
+
+def sweep_private(directory: Path, owner_state: Callable[[str], str],
+                  min_age: float = SWEEP_MIN_AGE_SECONDS) -> list[Path]:
+    """Remove the private socket names (`.s-<token>-<n>`) that instances killed before
+    their servers stopped left in `directory`. `owner_state(token)`: "alive", "dead" or
+    "unknown" (driver/state/instance.py)."""
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(PRIVATE_PREFIX):
+            continue
+        state = owner_state(entry.name[len(PRIVATE_PREFIX):].rsplit("-", 1)[0])
+        if state == "alive":
+            continue
+        try:
+            if state != "dead" and now - entry.lstat().st_mtime < min_age:
+                continue
+        except FileNotFoundError:
+            continue
+        entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
 
 
 def _hash(*parts: str, length: int) -> str:
@@ -74,14 +117,25 @@ class OwnedSocket:
                 raise FileExistsError(f"{self.path} exists and is not a socket; refusing to replace it")
         except FileNotFoundError:
             pass
-        self._private = self.path.parent / f".s-{self.owner}-{next(self._counter) % 1000}"
+        self._private = self.path.parent / f"{PRIVATE_PREFIX}{self.owner}-{next(self._counter) % 1000}"
         self._private.unlink(missing_ok=True)
         return f"unix://{self._private}"
 
-    def publish(self) -> None:
-        """After binding: move the socket onto its public name and remember it is ours."""
+    def publish(self, replaces: "OwnedSocket | None" = None) -> None:
+        """After binding: give the socket its public name and remember it is ours.
+        `replaces`: our earlier socket at the same name (a registration offered again): if
+        it is still there it goes first (the kubelet sees it removed, then the new one)."""
         assert self._private is not None, "address() first"
-        os.replace(self._private, self.path)
+        if replaces is not None and replaces.inode is not None:
+            try:
+                if self.path.stat().st_ino == replaces.inode:
+                    self.path.unlink()
+            except FileNotFoundError:
+                pass
+        try:
+            os.link(self._private, self.path)
+        except FileExistsError:
+            os.replace(self._private, self.path)
         self.inode = self.path.stat().st_ino
 
     def remove(self) -> bool:
@@ -95,4 +149,15 @@ class OwnedSocket:
         except FileNotFoundError:
             return False
         finally:
+            self._forget_private()
             self.inode = None
+
+    def _forget_private(self) -> None:
+        """The private name, if it is still this socket (gRPC unlinks it at server stop)."""
+        if self._private is None:
+            return
+        try:
+            if self._private.stat().st_ino == self.inode:
+                self._private.unlink()
+        except FileNotFoundError:
+            pass

@@ -22,6 +22,7 @@ from driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.sim import inotify
 
 VERSIONS = {"v1.DRAPlugin": (v1_pb2, v1_grpc), "v1beta1.DRAPlugin": (v1beta1_pb2, v1beta1_grpc)}
 
@@ -156,6 +157,12 @@ class PluginWatcher:
     its number to the next one (seen here: every other re-offered registration socket).
     `decide(info, path)` scripts the kubelet's side: None accepts, a string rejects with
     that error, `SILENT` sends no NotifyRegistrationStatus at all.
+
+    Like the real watcher (pluginwatcher's handleCreateEvent), every name created in or
+    moved into the registry is stat'ed *before* dot-names are ignored, from its inotify
+    event; a name gone by then is an error the real kubelet logs ("Error when handling
+    create event ... stat file ... failed"), kept in `errors`. `stat_lag` delays each
+    stat, as a busy kubelet's event loop does, so that a test sees every short-lived name.
     """
 
     registry: Path
@@ -164,22 +171,51 @@ class PluginWatcher:
     poll_seconds: float = 0.02
     attempts: list[Attempt] = field(default_factory=list)
     registered: dict[str, reg_pb2.PluginInfo] = field(default_factory=dict)  # socket -> info
+    stat_lag: float = 0.0
+    errors: list[str] = field(default_factory=list)
     _seen: set = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
+    _events: threading.Thread | None = None
 
     SILENT = "<no NotifyRegistrationStatus>"
 
     def __enter__(self) -> "PluginWatcher":
+        self.registry.mkdir(parents=True, exist_ok=True)
+        watch = inotify.Watch(str(self.registry))  # before the first poll: no event missed
+        self._events = threading.Thread(target=self._stat_events, args=(watch,), daemon=True,
+                                        name="plugin-watcher-events")
+        self._events.start()
         self._thread = threading.Thread(target=self._run, daemon=True, name="plugin-watcher")
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        for thread in (self._thread, self._events):
+            if thread is not None:
+                thread.join(5)
+
+    def _stat_events(self, watch: "inotify.Watch") -> None:
+        due: list[tuple[float, str]] = []  # (when, name), in arrival order
+        try:
+            while not self._stop.is_set() or due:
+                wait = max(0.0, min(due[0][0] - time.monotonic(), 0.1)) if due else 0.1
+                due += [(time.monotonic() + self.stat_lag, n) for n in watch.read(wait)]
+                while due and due[0][0] <= time.monotonic():
+                    _, name = due.pop(0)
+                    path = self.registry / name
+                    try:
+                        path.stat()
+                    except FileNotFoundError:
+                        with self._changed:
+                            self.errors.append(f"Error when handling create event: stat file {path} "
+                                               "failed: no such file or directory")
+                if self._stop.is_set() and due:
+                    time.sleep(max(0.0, due[0][0] - time.monotonic()))
+        finally:
+            watch.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
