@@ -31,6 +31,8 @@ from driver.sim import claimstatus, events
 from driver.scheduling.k8s_limits import slice_errors
 
 GROUP = "resource.k8s.io"
+# On a claim made from a template: the pod's name for the claim (resourceclaim controller)
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 TOKEN = "test-token"  # the token of the kubeconfig that `kubeconfig()` writes
 # What the real server serves to anyone (the system:public-info-viewer role).
 PUBLIC = ("/version", "/healthz", "/livez", "/readyz")
@@ -73,6 +75,8 @@ class State:
     # (namespace, claim) -> status.devices entry key -> field managers (server-side apply)
     status_owners: dict[tuple[str, str], dict[tuple, set[str]]] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)  # events.k8s.io/v1, as created
+    # (namespace, claim, HTTP status) of each PATCH of resourceclaims/status, in order
+    status_patches: list[tuple[str, str, int]] = field(default_factory=list)
     # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
     # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
     pod_nodes: set[str] = field(default_factory=set)
@@ -182,6 +186,35 @@ class ApiServer:
     def delete_claim(self, namespace: str, name: str) -> None:
         with self.state.lock:
             self.state.claims.pop((namespace, name), None)
+            self.state.status_owners.pop((namespace, name), None)  # a new claim starts afresh
+
+    def claim_for_pod(self, namespace: str, pod_name: str, pod_uid: str, pod_claim: str,
+                      uid: str, results: list[dict], config: list[dict] | None = None) -> dict:
+        """A claim as kube-controller-manager's resourceclaim controller makes it from a
+        pod's ResourceClaimTemplate (named `<pod>-<pod claim>-<suffix>`, the pod its
+        controlling owner, the pod claim's name in an annotation), stored allocated.
+        Returns it."""
+        claim = claim_allocated(namespace, f"{pod_name}-{pod_claim}-{uid[:5]}"[:253], uid, results, config)
+        claim["metadata"]["annotations"] = {POD_CLAIM_ANNOTATION: pod_claim}
+        claim["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                                 "uid": pod_uid, "controller": True,
+                                                 "blockOwnerDeletion": True}]
+        self.put_claim(claim)
+        return claim
+
+    def pod_done(self, namespace: str, pod_uid: str) -> list[str]:
+        """What the resourceclaim controller does once a pod is done (Succeeded or Failed,
+        or deleted): the claims it generated for that pod are deleted. On a real cluster
+        this races with the kubelet's NodeUnprepareResources, and the driver's status
+        apply after the unprepare then gets 404 (tests/cluster). Returns their names."""
+        with self.state.lock:
+            gone = [key for key, claim in self.state.claims.items()
+                    if key[0] == namespace and POD_CLAIM_ANNOTATION in (claim["metadata"].get("annotations") or {})
+                    and any(o.get("uid") == pod_uid and o.get("controller")
+                            for o in claim["metadata"].get("ownerReferences") or [])]
+        for ns, name in gone:
+            self.delete_claim(ns, name)
+        return [name for _, name in gone]
 
     def inject(self, fault: Fault) -> None:
         with self.state.lock:
@@ -451,14 +484,17 @@ class _Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             claim = self.state.claims.get((namespace, name))
             if claim is None:
-                return self._status(404, f"resourceclaims {name!r} not found", "NotFound")
+                self.state.status_patches.append((namespace, name, 404))
+                return self._status(404, f'resourceclaims.{GROUP} "{name}" not found', "NotFound")
             owners = self.state.status_owners.setdefault((namespace, name), {})
             try:
                 claimstatus.apply(claim, owners, body, query.get("fieldManager"),
                                   query.get("force") in ("true", "1"),
                                   self.headers.get("Content-Type", ""))
             except claimstatus.ApplyError as err:
+                self.state.status_patches.append((namespace, name, err.code))
                 return self._status(err.code, err.message, err.reason)
+            self.state.status_patches.append((namespace, name, 200))
             self.state.resource_version += 1
             claim["metadata"]["resourceVersion"] = str(self.state.resource_version)
             reply = copy.deepcopy(claim)
