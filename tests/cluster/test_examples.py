@@ -7,25 +7,64 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
-from tests.cluster.driverhost import HostDriver, install
+from tests.cluster.driverhost import NAMESPACE, HostDriver, install
 from tests.conftest import REPO
 
-# example folder -> (mock profile, what its container prints, as regexes)
+GPU_UUID = r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$"
+MIG_UUID = r"^DRA_MIG_\w+_UUID=MIG-[0-9a-f-]+$"
+# the variables are named after the device: a dynamic MIG partition's is
+# gpu-<bdf>-mig-<profile>-<placement>
+PARTITION_UUID = r"^DRA_GPU_\w+_MIG_\w+_UUID=MIG-[0-9a-f-]+$"
+# the mock's nvidia-smi (the CDI spec mounts the node's into /usr/local/nvidia/bin, on the
+# NVIDIA images' PATH)
+NVIDIA_SMI = r"^mock nvidia-smi: driver \S+, \d+ GPU\(s\) on the node$"
+
+
+@dataclass(frozen=True)
+class Example:
+    profile: str  # the mock profile the example's README names
+    expect: dict[str, list[str]]  # pod -> regexes that lines of its containers' logs match
+    values: dict = field(default_factory=dict)  # chart values beyond the mock's
+    # the pods' commands end (restartPolicy Never: Succeeded) or sleep (Running)
+    finishes: bool = True
+    mps: bool = False  # an MPS control daemon pod runs our image
+
+
 EXAMPLES = {
-    "sriov-vf-rdma": ("sriov", [r"^DRA_NIC_\w+_IFNAME=\S+$", r"^DRA_NIC_\w+_RDMA_DEVICE=mlx5_\d+$",
-                                r"^DRA_NIC_\w+_PCI_BUS_ID=[0-9a-f:.]+$", r"^NCCL_IB_HCA=auto$",
-                                r"^rdma_cm$", r"^uverbs\d+$"]),
+    "sriov-vf-rdma": Example("sriov", {"sriov-vf-rdma": [
+        r"^DRA_NIC_\w+_IFNAME=\S+$", r"^DRA_NIC_\w+_RDMA_DEVICE=mlx5_\d+$",
+        r"^DRA_NIC_\w+_PCI_BUS_ID=[0-9a-f:.]+$", r"^NCCL_IB_HCA=auto$", r"^rdma_cm$", r"^uverbs\d+$"]}),
     # busybox stand-ins under the vendor images' names (hack/local-cluster/cluster.py)
-    "gpu-single": ("mixed", [r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$", r"^DRA_GPU_\w+_REQUEST=gpu$",
-                             r"\s/dev/nvidia\d+$", r"\s/dev/nvidiactl$"]),
-    "fpga-by-shell": ("alveo", [r"^DRA_FPGA_\w+_INTERFACE_ID=[0-9a-f-]+$", r"renderD\d+$"]),
-    "mig": ("a100-mig", [r"^DRA_MIG_\w+_UUID=MIG-[0-9a-f-]+$", r"^DRA_MIG_\w+_REQUEST=mig$"]),
-    "prioritized-gpu": ("h100x8", [r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$", r"^DRA_GPU_\w+_REQUEST=gpu$"]),
+    "gpu-single": Example("mixed", {"gpu-single": [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$",
+                                                   r"\s/dev/nvidia\d+$", r"\s/dev/nvidiactl$"]}),
+    "fpga-by-shell": Example("alveo", {"fpga-by-shell": [r"^DRA_FPGA_\w+_INTERFACE_ID=[0-9a-f-]+$",
+                                                         r"renderD\d+$"]}),
+    "mig": Example("a100-mig", {"mig": [MIG_UUID, r"^DRA_MIG_\w+_REQUEST=mig$"]}),
+    "prioritized-gpu": Example("h100x8", {"prioritized-gpu": [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$"]}),
+    # a GPU and an RDMA NIC on one PCIe root: both devices' variables, the NIC's verbs node
+    "gpu-nic-aligned": Example("h100x8", {"gpu-nic-aligned": [
+        GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$", r"^DRA_NIC_\w+_RDMA_DEVICE=mlx5_\d+$",
+        r"^DRA_NIC_\w+_REQUEST=nic$", r"^uverbs\d+$"]}),
+    # the one pod of the file (infer-d, from the template) gets a partition created at
+    # prepare; the file's standalone claims have no pod, so the scheduler never allocates
+    # them (tests/cluster/test_dynamic_mig.py gives each a pod)
+    "mig-dynamic": Example("h100x8", {"infer-d": [PARTITION_UUID, r"^DRA_GPU_\w+_MIG_\w+_REQUEST=mig$",
+                                                  NVIDIA_SMI]},
+                           values={"migMode": "dynamic"}),
+    # one claim, two pods, one MPS control daemon pod (our image) whose pipe directory both
+    # containers see
+    "gpu-mps-shared-claim": Example("mixed", {
+        pod: [r"^pipe=/tmp/nvidia-mps$", r"^control$"] for pod in ("mps-client-a", "mps-client-b")},
+        finishes=False, mps=True),
 }
 
 
@@ -35,10 +74,8 @@ def chart(cluster):
                              "mock": {"enabled": True}})
 
 
-def pod_of(manifest: str) -> str:
-    docs = [d for d in manifest.split("\n---") if re.search(r"^kind: Pod$", d, re.M)]
-    (doc,) = docs
-    return re.search(r"^  name: (\S+)$", doc, re.M).group(1)
+def pods_of(manifest: str) -> list[str]:
+    return [d["metadata"]["name"] for d in yaml.safe_load_all(manifest) if d and d.get("kind") == "Pod"]
 
 
 def wait_pod(cluster, ns: str, name: str, phases: set[str], timeout: float) -> dict:
@@ -56,38 +93,119 @@ def wait_pod(cluster, ns: str, name: str, phases: set[str], timeout: float) -> d
                          f"{json.dumps(pod.get('status'), indent=1)}\nevents:\n{events}")
 
 
+def wait_logs(cluster, ns: str, name: str, expected: list[str], timeout: float) -> str:
+    """The pod's containers' logs once every regex matches a line (a running pod may not
+    have printed everything yet)."""
+    deadline = time.monotonic() + timeout
+    logs = ""
+    while True:
+        logs = cluster.kubectl("logs", "-n", ns, name, "--all-containers", check=False).stdout
+        missing = [rx for rx in expected if not any(re.search(rx, line) for line in logs.splitlines())]
+        if not missing:
+            return logs
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{ns}/{name}: no line matches {missing}:\n{logs}")
+        time.sleep(1)
+
+
+def prepared_claims(drv: HostDriver, ns: str) -> set[str]:
+    return {json.loads(line).get("claim_name") for line in drv.log().splitlines()
+            if '"claim_prepared"' in line and f'"{ns}"' in line}
+
+
+def explain(cluster, *args: str) -> tuple[int, dict]:
+    """`dra-driver explain … -o json` reading the live cluster as its admin; (exit, output)."""
+    p = subprocess.run([sys.executable, "-m", "driver", "explain", *args, "--kubeconfig",
+                        str(cluster.admin_kubeconfig), "-o", "json"], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert p.returncode in (0, 1), f"explain {args}: {p.returncode}\n{p.stderr}"
+    return p.returncode, json.loads(p.stdout)
+
+
+def explained(cluster, path, ns: str) -> dict[str, bool]:
+    """explain's verdict, against the live cluster, for each claim and template of a file:
+    name -> fits on some node."""
+    _, out = explain(cluster, "-f", str(path), "-n", ns)
+    return {c["claim"].split("/", 1)[1]: any(n["fits"] for n in c["nodes"]) for c in out["claims"]}
+
+
+def mps_daemon_pods(cluster) -> list[dict]:
+    out = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l",
+                          "app.kubernetes.io/component=mps-control-daemon", "-o", "json").stdout
+    return json.loads(out)["items"]
+
+
 @pytest.mark.parametrize("example", list(EXAMPLES))
-def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path):
+def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, request):
     import local_cluster
 
-    profile, expected = EXAMPLES[example]
+    ex = EXAMPLES[example]
+    values = {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}, "mock": {"enabled": True}, **ex.values}
+    if ex.mps:
+        values["mps"] = {"image": request.getfixturevalue("driver_image")}
+    objects = install(cluster, values) if ex.values or ex.mps else chart
     manifest = (REPO / "examples" / example / "claim.yaml").read_text()
+    assert set(pods_of(manifest)) >= set(ex.expect), pods_of(manifest)
     ns = f"ex-{example}-{uuid.uuid4().hex[:6]}"[:63]
-    drv = HostDriver(cluster, chart, tmp_path, local_cluster.NODE, fresh_node=True,
-                     extra_env={"MOCK_PROFILE": profile}).start()
+    drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
+                     extra_env={"MOCK_PROFILE": ex.profile}).start()
     try:
         drv.wait_log("slices_in_sync", 90)
         cluster.kubectl("create", "namespace", ns)
+        # explain's verdict first, from what the cluster has before the example: each claim
+        # or template that a pod of the example uses must fit, as the scheduler then finds
+        verdicts = explained(cluster, REPO / "examples" / example / "claim.yaml", ns)
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
-        name = pod_of(manifest)
-        pod = wait_pod(cluster, ns, name, {"Succeeded", "Failed", "Running"}, 120)
-        if pod["status"]["phase"] == "Running":
-            pod = wait_pod(cluster, ns, name, {"Succeeded", "Failed"}, 60)
-        logs = cluster.kubectl("logs", "-n", ns, name).stdout
-        assert pod["status"]["phase"] == "Succeeded", f"{pod['status']}\n{logs}"
-        lines = logs.splitlines()
-        for rx in expected:
-            assert any(re.search(rx, line) for line in lines), f"{example}: no line matches {rx}:\n{logs}"
-        # each claim the resourceclaim controller made from a template (named
-        # <pod>-<podClaimName>-<suffix>) was prepared by our driver; once the pod is done the
-        # controller deletes them again
-        statuses = pod["status"].get("resourceClaimStatuses", [])
-        assert statuses, pod["status"]
-        prepared = {json.loads(line).get("claim_name") for line in drv.log().splitlines()
-                    if '"claim_prepared"' in line and f'"{ns}"' in line}
-        for st in statuses:
-            prefix = f"{name}-{st['name']}-"
-            assert any(p.startswith(prefix) for p in prepared), (st, prepared)
+        used = {c.get("resourceClaimName") or c.get("resourceClaimTemplateName")
+                for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Pod"
+                for c in d["spec"].get("resourceClaims", [])}
+        assert used <= set(verdicts), (used, verdicts)
+        assert all(verdicts[c] for c in used), f"explain says some do not fit: {verdicts}"
+        try:
+            check_pods(cluster, drv, ns, ex)
+        except AssertionError as e:
+            if not ex.mps:
+                raise
+            daemons = [(p["metadata"]["name"], p.get("status")) for p in mps_daemon_pods(cluster)]
+            logs = "\n".join(cluster.kubectl("logs", "-n", NAMESPACE, n, "--all-containers", check=False).stdout
+                             for n, _ in daemons)
+            raise AssertionError(f"{e}\nMPS daemon pods: {json.dumps(daemons, indent=1)}\ntheir logs:\n{logs}") from None
+        if ex.mps:
+            (daemon,) = mps_daemon_pods(cluster)
+            assert daemon["spec"]["containers"][0]["image"] == values["mps"]["image"]
+            assert daemon["status"]["phase"] == "Running", daemon["status"]
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
+        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        if ex.mps:
+            # the last unprepare deletes the daemon pod and waits for it
+            deadline = time.monotonic() + 60
+            while mps_daemon_pods(cluster) and time.monotonic() < deadline:
+                time.sleep(1)
+            left = mps_daemon_pods(cluster)
         assert drv.stop() == 0, drv.log()[-3000:]
+    if ex.mps:
+        assert not left, [p["metadata"]["name"] for p in left]
+
+
+def check_pods(cluster, drv: HostDriver, ns: str, ex: Example) -> None:
+    for name, expected in ex.expect.items():
+        pod = wait_pod(cluster, ns, name, {"Succeeded", "Failed", "Running"}, 120)
+        if ex.finishes and pod["status"]["phase"] == "Running":
+            pod = wait_pod(cluster, ns, name, {"Succeeded", "Failed"}, 60)
+        want = "Succeeded" if ex.finishes else "Running"
+        logs = wait_logs(cluster, ns, name, expected, 30 if pod["status"]["phase"] == want else 0)
+        assert pod["status"]["phase"] == want, f"{pod['status']}\n{logs}"
+        # each claim the resourceclaim controller made from a template (named
+        # <pod>-<podClaimName>-<suffix>) was prepared by our driver, and so was each
+        # claim the pod names; once the pod is done the controller deletes the
+        # generated ones again
+        prepared = prepared_claims(drv, ns)
+        for claim in pod["spec"].get("resourceClaims", []):
+            if claim.get("resourceClaimName"):
+                assert claim["resourceClaimName"] in prepared, (claim, prepared)
+                continue
+            statuses = {s["name"]: s.get("resourceClaimName") for s in
+                        pod["status"].get("resourceClaimStatuses", [])}
+            assert claim["name"] in statuses, pod["status"]
+            prefix = f"{name}-{claim['name']}-"
+            assert any(p.startswith(prefix) for p in prepared), (claim, prepared)
