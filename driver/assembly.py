@@ -29,6 +29,8 @@ from driver.monitoring.utilization.idle import IdleTracker
 from driver.monitoring.utilization.monitor import UtilizationMonitor
 from driver.monitoring.utilization.sampler import Sampler
 from driver.node import NodeRoots, open_node
+from driver.nri import setup as nri_setup
+from driver.nri.plugin import NriPlugin
 from driver.prepare.cdi import CdiWriter, Mount
 from driver.prepare.claims import ClaimReader
 from driver.prepare.claimstatus import StatusWriter
@@ -86,6 +88,7 @@ class Parts:
     instance: Instance
     utilization: UtilizationMonitor | None = None
     xid: XidWatcher | None = None
+    nri: NriPlugin | None = None  # --nri-socket: moves claimed NICs into pods
 
 
 def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
@@ -146,6 +149,7 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         status=status,
         addresses=host_addresses(node.proc),
         metadata=metadata,
+        cdi_net_devices=config.nri_socket is None,
     )
     registration = Registration(config.driver_name, str(config.dra_socket),
                                 (*DRA_SERVICES, *health_stream.SERVICE_NAMES))
@@ -214,8 +218,13 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
             config.node_name, EventRecorder(kube, config.driver_name, config.node_name),
             IdleConditions(status) if status is not None else None, leader)
         metrics.watch_utilization(DeviceSeries(utilization.views, config.driver_name))
+    nri = None
+    if config.nri_socket is not None:
+        nri, _ = nri_setup.make(config.nri_socket, config.state_dir, node.proc, inventory,
+                                checkpoint.records, status, config.mock is not None,
+                                instance.token)
     return Parts(config, kube, node, holder, preparer, registration, publisher, rediscovery,
-                 health, prober, metrics, Probes(ready), instance, utilization, xid)
+                 health, prober, metrics, Probes(ready), instance, utilization, xid, nri)
 
 
 def _count_kinds(inventory: Inventory) -> dict[str, int]:

@@ -148,6 +148,11 @@ OPTIONS: tuple[Option, ...] = (
            "the share of time a kernel ran (NVML's GPU utilization, not SM occupancy), in "
            "percent, below which a GPU counts as idle (every NVML sample since the previous "
            "one must be below it)", commands=STATE),
+    Option("nri_socket", "--nri-socket", "NRI_SOCKET", "",
+           "the container runtime's NRI socket (containerd 2.x: /var/run/nri/nri.sock): the "
+           "driver moves NICs whose NicConfig sets moveInterface into their pods' network "
+           "namespaces itself, as an NRI plugin; empty: the runtime moves them from the CDI "
+           "spec's netDevices (containerd >= 2.2.1, CRI-O >= 1.35, runc >= 1.4)"),
     Option("pod_uid", "--pod-uid", "POD_UID", None,
            "this pod's UID: enables seamless upgrades (unique socket names, kubelet >= 1.33)"),
 )
@@ -191,6 +196,7 @@ class Config:
     utilization_interval: float = 10.0  # 0: off
     idle_after: float = 1800.0  # 0: off
     idle_threshold: float = 0.05  # a ratio
+    nri_socket: Path | None = None  # None: NRI off, CDI netDevices move NICs
 
     @property
     def api_connections(self) -> int:
@@ -466,6 +472,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         utilization_interval=get("utilization_interval", _seconds_or_off),
         idle_after=get("idle_after", _seconds_or_off),
         idle_threshold=get("idle_threshold", _percent),
+        nri_socket=get("nri_socket", _absolute) if raw["nri_socket"] else None,
     )
     for label, source_name, candidates in (
         ("registration socket", source["kubelet_registrar_dir"],

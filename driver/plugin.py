@@ -109,6 +109,9 @@ class Plugin(Parts):
         if self.utilization is not None:
             self._tasks.append(asyncio.create_task(
                 self.utilization.run(self.config.utilization_interval), name="utilization"))
+        if self.nri is not None:
+            # After the servers: a pod's claims are prepared before its sandbox is made.
+            self._tasks.append(asyncio.create_task(self.nri.run(), name="nri"))
         if self.xid is not None:
             self.xid.start()
         if self.config.mock is None:

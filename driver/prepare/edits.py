@@ -40,7 +40,10 @@ def build(
     dev_root: Path,
     driver_mounts: tuple[Mount, ...] = (),
     admin_access: bool = False,
+    cdi_net_devices: bool = True,
 ) -> ContainerEdits:
+    """`cdi_net_devices=False`: a moved NIC is not written as CDI netDevices, because the
+    driver's NRI plugin moves it (driver/nri/); the runtime must not try as well."""
     prefix = env_prefix(device.name)
     env = [f"{prefix}_CLAIM={claim}", f"{prefix}_REQUEST={request}"]
     if admin_access:
@@ -80,7 +83,8 @@ def build(
                                  "in use by another claim: moveInterface would take it away")
             if not ifname:
                 raise EditsError(f"NIC {device.name} has no network interface to move")
-            net.append(NetDevice(ifname, inside))
+            if cdi_net_devices:
+                net.append(NetDevice(ifname, inside))
 
     env += [f"{key}={value}" for key, value in sorted(config.env.items())]
     seen: set[str] = set()

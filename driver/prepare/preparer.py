@@ -91,6 +91,7 @@ class Preparer:
         status: StatusWriter | None = None,
         addresses: claim_status.Addresses = claim_status.no_addresses,
         metadata: MetadataFiles | None = None,
+        cdi_net_devices: bool = True,  # False: the NRI plugin moves NICs (driver/nri/)
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -100,6 +101,7 @@ class Preparer:
         self.checkpoint = checkpoint
         self.boot_id = boot_id
         self.dev_root = dev_root
+        self.cdi_net_devices = cdi_net_devices
         self.process_lock = process_lock
         self.driver_mounts = driver_mounts
         self.sharing = sharing
@@ -404,7 +406,8 @@ class Preparer:
             container_edits = edits.build(device, config, claim=str(ref),
                                           request=base_request(prepared.request),
                                           dev_root=self.dev_root, driver_mounts=driver_mounts,
-                                          admin_access=prepared.admin_access)
+                                          admin_access=prepared.admin_access,
+                                          cdi_net_devices=self.cdi_net_devices)
             if self.sharing is not None:
                 env, mounts = self.sharing.container_edits(use, edits.env_prefix(device.name))
                 container_edits = dataclasses.replace(

@@ -1,0 +1,77 @@
+"""The NRI side of `dra-driver run`, made from plain values (driver/assembly.py wires it):
+the mover with its records under the state directory, the pod resolver over the
+prepared-claims checkpoint and the inventory, the claim status overlay, the plugin.
+
+On a node, our NICs live in the host's network namespace, which is not the driver pod's
+(the chart runs it without hostNetwork): it is reached as PID 1's, through the host's
+/proc. In mock mode they live in a namespace the mock owns, made here, one per state
+directory so that two mock drivers on one machine keep apart.
+"""
+
+from __future__ import annotations
+
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable
+
+import structlog
+
+from driver.devices.model import DeviceKind, Inventory
+from driver.nri.mocknet import MockNetwork
+from driver.nri.netdev import NetdevMover
+from driver.nri.plugin import NriOptions, NriPlugin
+from driver.nri.pods import NicPods
+from driver.nri.status import NetworkConditions
+from driver.prepare.claimstatus import StatusWriter
+from driver.state.checkpoint import ClaimRecord
+
+log = structlog.get_logger("driver.nri")
+
+
+def mock_network(state_dir: Path) -> MockNetwork:
+    return MockNetwork(f"dra-mock-{zlib.crc32(str(state_dir).encode()):08x}")
+
+
+def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[], Inventory],
+         records: Callable[[], Iterable[ClaimRecord]], status: StatusWriter | None,
+         mock: bool, owner: str) -> tuple[NriPlugin, NicPods]:
+    recreate = None
+    network = mock_network(state_dir) if mock else None
+    if network is not None:
+        host_netns = network.path
+        recreate = network.recreate
+    else:
+        host_netns = str(proc_root / "1" / "ns" / "net")
+    mover = NetdevMover(state_dir / "nri", host_netns=host_netns, recreate=recreate,
+                        owner=owner)
+
+    def prepare_host() -> None:
+        if network is not None:
+            network.create()
+            # A NIC a pod holds (moved before a restart) is not made again beside it.
+            away = {r.host.name for r in mover.load_records()}
+            for device in inventory().devices:
+                if (device.kind is DeviceKind.NIC and device.net_interface
+                        and device.net_interface not in away):
+                    network.add_nic(device.net_interface)
+        # NICs left in namespaces that died while no driver ran come back now; those of
+        # pods that still run are judged at the runtime's Synchronize.
+        for record in mover.reconcile():
+            log.info("nic_reconciled_at_start", claim=record.claim_uid, device=record.device,
+                     pod=record.pod)
+
+    # pyroute2's blocking calls run an event loop of their own: never on a thread whose
+    # loop runs (assembly happens on the driver's), so on one of their own.
+    with ThreadPoolExecutor(1, thread_name_prefix="nri-setup") as pool:
+        pool.submit(prepare_host).result()
+
+    def interface_of(name: str) -> str | None:
+        for device in inventory().devices:
+            if device.name == name:
+                return device.net_interface
+        return None
+
+    nics = NicPods(mover, records, interface_of,
+                   NetworkConditions(status) if status is not None else None)
+    return NriPlugin(NriOptions(socket=socket), nics), nics
