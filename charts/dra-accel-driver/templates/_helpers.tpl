@@ -51,6 +51,9 @@ resource.k8s.io/v1
 {{/* Values that would render a DaemonSet that cannot run: fail the render instead, with
 what to change. */}}
 {{- define "dra.validate" -}}
+{{- if and .Values.nri.enabled (not .Values.privileged) }}
+{{- fail "nri.enabled needs privileged: true: moving a NIC into a pod enters the pod's and the host's network namespaces (setns) and changes links over netlink" }}
+{{- end }}
 {{- if and .Values.metrics.port (eq (int .Values.metrics.port) (int .Values.healthz.port)) }}
 {{- fail (printf "metrics.port and healthz.port are both %d: the driver serves /metrics and its probes on two ports and would stop at start (port in use); pick another port, or metrics.port=0 to disable metrics" (int .Values.healthz.port)) }}
 {{- end }}
