@@ -63,7 +63,9 @@ def test_nic_claim_moves_into_the_pod_and_back(go_runtime_binary: Path) -> None:
             uid = str(uuid.uuid4())
             claim = claim_allocated("default", "nic", uid, [result("nic", NIC)], [opaque(
                 ["nic"], {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig",
-                          "moveInterface": True, "interfaceName": "net1"})])
+                          "moveInterface": True, "interfaceName": "net1",
+                          "addresses": ["10.1.0.5/24"], "mtu": 1400,
+                          "routes": [{"destination": "10.2.0.0/16", "gateway": "10.1.0.1"}]})])
             claim["status"]["reservedFor"] = [{"resource": "pods", "name": "trainer",
                                                "uid": "pod-uid-1"}]
             api.put_claim(claim)
@@ -87,6 +89,8 @@ def test_nic_claim_moves_into_the_pod_and_back(go_runtime_binary: Path) -> None:
             print(f"RunPodSandbox with the driver process: {answer['ms']:.1f} ms")
             inside = link(pod_path, "net1")
             assert inside is not None and inside["up"]
+            assert (inside["mtu"], inside["addresses"], inside["routes"]) == (
+                1400, ["10.1.0.5/24"], ["10.2.0.0/16 via 10.1.0.1"])
             assert link(mock.path, IFNAME) is None
 
             def status_entry():
@@ -97,7 +101,8 @@ def test_nic_claim_moves_into_the_pod_and_back(go_runtime_binary: Path) -> None:
                                                          for c in d["conditions"]):
                             return json.loads(json.dumps(d))
             entry = wait(status_entry, "NetworkReady in the claim status")
-            assert entry["networkData"]["interfaceName"] == "net1"
+            assert entry["networkData"] == {"interfaceName": "net1", "ips": ["10.1.0.5/24"],
+                                            "hardwareAddress": inside["mac"]}
 
             # The driver dies and comes back while the pod runs: nothing moves.
             driver.kill()

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 import structlog
 
 from driver._proto.nri.v1alpha1 import api_pb2 as api
-from driver.nri.netdev import InterfaceConfig, NetdevError, NetdevMover, Placement
+from driver.nri.netdev import InterfaceConfig, NetdevError, NetdevMover, Placement, Route
 from driver.nri.plugin import netns_path
 from driver.nri.status import NetworkConditions
 from driver.prepare import opaque
@@ -41,7 +41,9 @@ class Wanted:
 
 
 def interface_config(config: opaque.NicConfig) -> InterfaceConfig:
-    return InterfaceConfig(name=config.interfaceName)
+    return InterfaceConfig(name=config.interfaceName, addresses=tuple(config.addresses),
+                           mtu=config.mtu,
+                           routes=tuple(Route(r.destination, r.gateway) for r in config.routes))
 
 
 @dataclass

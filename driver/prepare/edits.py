@@ -84,6 +84,11 @@ def build(
             if not ifname:
                 raise EditsError(f"NIC {device.name} has no network interface to move")
             if cdi_net_devices:
+                if nic.addresses or nic.mtu is not None or nic.routes:
+                    # CDI netDevices carry a name only: the settings would be dropped.
+                    raise EditsError(f"NIC {device.name}: addresses, mtu and routes are set by "
+                                     "the driver's NRI plugin, which is off on this node "
+                                     "(--nri-socket; chart value nri.enabled)")
                 net.append(NetDevice(ifname, inside))
 
     env += [f"{key}={value}" for key, value in sorted(config.env.items())]

@@ -22,6 +22,7 @@ error that names the claim and the field, never silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -84,13 +85,29 @@ class FpgaConfig:
 
 
 @dataclass(frozen=True)
+class NicRoute:
+    destination: str  # a network in CIDR form (host bits zero), or "default"
+    gateway: str | None = None  # an IP of the destination's family; None: on-link
+
+
+@dataclass(frozen=True)
 class NicConfig:
     env: Mapping[str, str] = field(default_factory=dict)
-    # Move the interface into the pod's network namespace (CDI netDevices; needs
+    # Move the interface into the pod's network namespace: by the driver's NRI plugin
+    # (--nri-socket, driver/nri/), or else by the runtime from CDI netDevices (needs
     # containerd >= 2.2.1 or CRI-O >= 1.35 and runc >= 1.4).
     moveInterface: bool = False
     interfaceName: str | None = None  # name inside the pod; default: the host name
     rdma: bool = True
+    # Inside the pod (moveInterface only; set by the NRI plugin, CDI netDevices carry
+    # none of them): addresses in CIDR form, the MTU, routes through the interface.
+    addresses: tuple[str, ...] = ()
+    mtu: int | None = None
+    routes: tuple[NicRoute, ...] = ()
+
+
+MAX_ADDRESSES = MAX_ROUTES = 16
+MIN_MTU, MAX_MTU = 68, 65535  # IPv4's minimum; the largest netlink takes
 
 
 DeviceConfig = GpuConfig | FpgaConfig | NicConfig
@@ -146,6 +163,8 @@ def decode(parameters: Any) -> DeviceConfig:
         fields["env"] = _env(kind, fields["env"])
     if "sharing" in fields:
         fields["sharing"] = _sharing(f"{kind}.sharing", fields["sharing"])
+    if config_type is NicConfig:
+        fields.update(_nic_network(fields))
     for name, value in fields.items():
         if name in _BOOL_FIELDS and not isinstance(value, bool):
             raise ConfigDecodeError(f"{kind}.{name} must be true or false, got {value!r}")
@@ -154,6 +173,83 @@ def decode(parameters: Any) -> DeviceConfig:
         ):
             raise ConfigDecodeError(f"{kind}.interfaceName {value!r} is not an interface name")
     return config_type(**fields)
+
+
+def _nic_network(fields: dict) -> dict:
+    """addresses, mtu and routes of a NicConfig, checked; null means absent."""
+    out: dict = {}
+    addresses = fields.get("addresses")
+    if addresses is not None:
+        if not isinstance(addresses, (list, tuple)) or len(addresses) > MAX_ADDRESSES:
+            raise ConfigDecodeError(f"NicConfig.addresses must be a list of at most "
+                                    f"{MAX_ADDRESSES} addresses in CIDR form")
+        for i, address in enumerate(addresses):
+            if not isinstance(address, str) or not _is_cidr(address):
+                raise ConfigDecodeError(f"NicConfig.addresses[{i}] {address!r} is not an address "
+                                        "in CIDR form (for example 10.1.0.5/24)")
+        out["addresses"] = tuple(addresses)
+    else:
+        out["addresses"] = ()
+    mtu = fields.get("mtu")
+    if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int)
+                            or not MIN_MTU <= mtu <= MAX_MTU):
+        raise ConfigDecodeError(f"NicConfig.mtu must be an integer from {MIN_MTU} to "
+                                f"{MAX_MTU}, got {mtu!r}")
+    out["mtu"] = mtu
+    routes = fields.get("routes")
+    out["routes"] = ()
+    if routes is not None:
+        if not isinstance(routes, (list, tuple)) or len(routes) > MAX_ROUTES:
+            raise ConfigDecodeError(f"NicConfig.routes must be a list of at most {MAX_ROUTES} "
+                                    "routes")
+        out["routes"] = tuple(_route(f"NicConfig.routes[{i}]", r) for i, r in enumerate(routes))
+    wanted = [name for name in ("addresses", "mtu", "routes")
+              if fields.get(name) is not None and fields.get(name) != [] and fields.get(name) != ()]
+    if wanted and fields.get("moveInterface") is not True:
+        raise ConfigDecodeError(f"NicConfig.{wanted[0]} needs moveInterface: true (an interface "
+                                "left in the host's namespace is not reconfigured)")
+    return out
+
+
+def _is_cidr(text: str) -> bool:
+    if "/" not in text:
+        return False
+    try:
+        ipaddress.ip_interface(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _route(where: str, value: Any) -> NicRoute:
+    if isinstance(value, NicRoute):
+        value = {"destination": value.destination, "gateway": value.gateway}
+    fields = _fields(where, value, NicRoute)
+    destination = fields.get("destination")
+    network = None
+    if destination != "default":
+        try:
+            network = ipaddress.ip_network(destination) if isinstance(destination, str) \
+                and "/" in destination else None
+        except ValueError:
+            network = None
+        if network is None:
+            raise ConfigDecodeError(f"{where}.destination {destination!r} must be \"default\" or "
+                                    "a network in CIDR form with no host bits (10.2.0.0/16)")
+    gateway = fields.get("gateway")
+    if gateway is not None:
+        try:
+            ip = ipaddress.ip_address(gateway) if isinstance(gateway, str) else None
+        except ValueError:
+            ip = None
+        if ip is None:
+            raise ConfigDecodeError(f"{where}.gateway {gateway!r} is not an IP address")
+        if network is not None and ip.version != network.version:
+            raise ConfigDecodeError(f"{where}: gateway {gateway} is not of the destination's "
+                                    f"IP version ({destination})")
+    elif destination == "default":
+        raise ConfigDecodeError(f"{where}: a default route needs a gateway")
+    return NicRoute(destination, gateway)
 
 
 def _env(kind: str, env: Any) -> dict[str, str]:
