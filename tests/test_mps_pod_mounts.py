@@ -6,6 +6,7 @@ the same rule, and the driver mounts inside the driver root only where the daemo
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -95,3 +96,24 @@ def test_the_emulated_kubelet_refuses_a_mountpoint_it_cannot_make_in_a_read_only
         while not out.exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_a_container_of_the_emulated_kubelet_has_what_the_image_has_not_the_demo_extra(tmp_path):
+    """The image installs requirements.lock; cel-python (the demo extra) is not in it, and
+    the emulated container must not find it either (tests/test_cli_without_extras.py)."""
+    out = tmp_path / "out"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "p"},
+           "spec": {"nodeName": "node-a", "restartPolicy": "Never", "containers": [{
+               "name": "c", "securityContext": {"runAsUser": 0},
+               "command": [sys.executable, "-c",
+                           "import importlib.util, sys; import yaml\n"
+                           "try:\n import celpy\nexcept ImportError:\n open(sys.argv[1], 'w').write('no celpy')\n",
+                           str(out)]}]}}
+    with ApiServer() as api, PodRunner(api, "node-a", tmp_path / "logs"):
+        with api.state.lock:
+            api.state.pods[("ns", "p")] = pod
+        deadline = time.monotonic() + 20
+        while not out.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert out.read_text() == "no celpy"

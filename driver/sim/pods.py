@@ -35,6 +35,11 @@ from driver.sim.apiserver import ApiServer
 TICK = 0.05
 MAX_GRACE = 10.0
 IMAGE_USER = 65532  # the driver image's USER (Dockerfile); tests/test_dockerfile.py checks it
+# What the image does not install: it has requirements.lock, not the `demo` extra
+# (cel-python and its parser). A container here runs with this process's packages, so
+# they are made unimportable in it, as they are in the image (found on the real cluster:
+# the daemon pod crashed at "No module named 'celpy'" while the emulated one ran).
+NOT_IN_IMAGE = ("celpy", "lark")
 
 
 @dataclass
@@ -63,6 +68,14 @@ class PodRunner:
         self._thread = threading.Thread(target=self._loop, name=f"pods-{self.node}", daemon=True)
         self._thread.start()
         return self
+
+    def _image_site(self) -> Path:
+        """A folder with a sitecustomize that hides NOT_IN_IMAGE from the container's Python."""
+        site = self.log_dir / "image-site"
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in NOT_IN_IMAGE))
+        return site
 
     def __exit__(self, *exc) -> None:
         """The node shuts down: every pod's processes end (the pods stay in the API)."""
@@ -179,6 +192,7 @@ class PodRunner:
         env = dict(os.environ)
         # The image's PATH: where this Python's scripts are (dra-driver in a virtualenv).
         env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env.get("PATH", "")))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(self._image_site()), env.get("PYTHONPATH"))))
         env.update({e["name"]: translate(str(e.get("value", ""))) for e in container.get("env") or []})
         context = {**((spec.get("securityContext") or {})),
                    **{k: v for k, v in (container.get("securityContext") or {}).items()
