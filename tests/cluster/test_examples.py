@@ -60,6 +60,19 @@ EXAMPLES = {
     "mig-dynamic": Example("h100x8", {"infer-d": [PARTITION_UUID, r"^DRA_GPU_\w+_MIG_\w+_REQUEST=mig$",
                                                   NVIDIA_SMI]},
                            values={"migMode": "dynamic"}),
+    # two containers of one pod share the claim; each runs the node's nvidia-smi (the
+    # mock's, mounted by the CDI spec into /usr/local/nvidia/bin)
+    "gpu-shared": Example("mixed", {"gpu-shared": [NVIDIA_SMI]}, finishes=False),
+    # two pods share one claim, the GPU time-sliced (nvidia-smi compute-policy at prepare)
+    "gpu-timeslicing": Example("mixed", {
+        pod: [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$", NVIDIA_SMI] for pod in ("timesliced-a", "timesliced-b")},
+        finishes=False),
+    # a consumable share (20 GiB, 30 %) of a GPU under its MPS daemon; the file's two
+    # standalone claims have no pod, so the scheduler never allocates them
+    "gpu-consumable": Example("mixed", {"inference-c": [
+        GPU_UUID, r"^CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps$", r"^CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30$",
+        r"^CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M$"]},
+        values={"gpuSharing": "consumable"}, finishes=False, mps=True),
     # one claim, two pods, one MPS control daemon pod (our image) whose pipe directory both
     # containers see
     "gpu-mps-shared-claim": Example("mixed", {
