@@ -231,3 +231,62 @@ def test_move_latency(host, pods, tmp_path) -> None:
     print(f"attach p50 {cuts[49] * 1000:.1f} ms p99 {cuts[98] * 1000:.1f} ms; detach p50 "
           f"{statistics.median(detach) * 1000:.1f} ms")
     assert max(attach) < 1.0 and max(detach) < 1.0
+
+
+KILLED_MID_MOVE = r"""
+import os, signal, sys
+from pathlib import Path
+from pyroute2 import IPRoute
+import driver.nri.netdev as netdev
+
+records, host_path, pod_ns, step = sys.argv[1:5]
+
+
+class Dying:
+    # pyroute2's socket, except that the process dies right after the kernel moved the
+    # netdev (step=move) or set its MTU in the pod (step=configure): SIGKILL, no cleanup.
+    def __init__(self):
+        self.real = IPRoute()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def link(self, command, **kwargs):
+        result = self.real.link(command, **kwargs)
+        if (step == "move" and "net_ns_fd" in kwargs) or (step == "configure"
+                                                           and kwargs.get("mtu") == 1400):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+
+netdev.IPRoute = Dying
+mover = netdev.NetdevMover(Path(records), host_netns=host_path)
+mover.attach(netdev.Placement("claim-1", "nic-0000-41-00-2", "enp65s0f0v0", "pod-1",
+                              "ml/trainer", pod_ns, netdev.InterfaceConfig(
+                                  name="net1", mtu=1400, addresses=("10.1.0.5/24",))))
+"""
+
+
+@pytest.mark.parametrize("step", ["move", "configure"])
+def test_a_driver_killed_in_the_middle_leaves_a_record_that_undoes_it(host, pods, tmp_path,
+                                                                       step) -> None:
+    """SIGKILL right after the kernel moved the netdev, or halfway through configuring
+    it: the record was on disk before, and the next start brings the NIC back as it was."""
+    import subprocess
+    import sys
+
+    host.add_nic("enp65s0f0v0", mtu=9000, addresses=("192.168.50.2/24",))
+    before = link(host.path, "enp65s0f0v0")
+    pod_ns = pods()
+    done = subprocess.run([sys.executable, "-c", KILLED_MID_MOVE, str(tmp_path), host.path,
+                           pod_ns, step], capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -9, done.stderr
+    assert link(host.path, "enp65s0f0v0") is None  # it did leave
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["state"] == "moving" and record["host"]["mtu"] == 9000
+
+    undone = NetdevMover(tmp_path, host_netns=host.path, recreate=host.recreate).reconcile()
+    assert [r.device for r in undone] == ["nic-0000-41-00-2"]
+    assert link(host.path, "enp65s0f0v0") == before
+    assert link(pod_ns, "net1") is None and link(pod_ns, "enp65s0f0v0") is None
