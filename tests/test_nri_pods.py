@@ -40,12 +40,14 @@ def record(config: dict | None, pods_: tuple[str, ...] = ("trainer",), uid: str 
 
 
 MOVED = opaque.to_dict(opaque.NicConfig(moveInterface=True, interfaceName="net1"))
+ADDRESSED = opaque.to_dict(opaque.NicConfig(moveInterface=True, interfaceName="net1",
+                                            addresses=("10.1.0.5/24",)))
 
 
 def test_a_pods_claim_moves_its_nic_and_the_status_says_so(host, pods, tmp_path) -> None:
     host.add_nic(IFNAME, addresses=("192.168.50.2/24",))
     pod_ns = pods()
-    claims = [record(MOVED)]
+    claims = [record(ADDRESSED)]
     with ApiServer() as server:
         server.put_claim(claim_allocated("ml", "nic-claim", "c-1", [
             {"request": "vf", "driver": DRIVER, "pool": "node-a", "device": NIC}]))
@@ -64,7 +66,8 @@ def test_a_pods_claim_moves_its_nic_and_the_status_says_so(host, pods, tmp_path)
         assert link(pod_ns, "net1") is not None and link(host.path, IFNAME) is None
         assert writer.wait_idle(20)
         entry = server.state.claims[("ml", "nic-claim")]["status"]["devices"][0]
-        assert entry["networkData"] == {"interfaceName": "net1", "hardwareAddress": mock_mac(IFNAME)}
+        assert entry["networkData"] == {"interfaceName": "net1", "ips": ["10.1.0.5/24"],
+                                        "hardwareAddress": mock_mac(IFNAME)}
         assert {c["type"]: c["status"] for c in entry["conditions"]} == {
             "Ready": "True", "NetworkReady": "True"}
 
@@ -78,6 +81,9 @@ def test_a_pods_claim_moves_its_nic_and_the_status_says_so(host, pods, tmp_path)
         assert writer.wait_idle(20)
         entry = server.state.claims[("ml", "nic-claim")]["status"]["devices"][0]
         assert [c["type"] for c in entry["conditions"]] == ["Ready"]
+        # Back on the host: the pod's address is no longer the interface's.
+        assert entry["networkData"] == {"interfaceName": "net1",
+                                        "hardwareAddress": mock_mac(IFNAME)}
         writer.close()
 
 

@@ -21,8 +21,10 @@ class NetworkConditions:
     def __init__(self, writer: StatusWriter) -> None:
         self.writer = writer
         self._lock = threading.Lock()
-        # claim uid -> (pool, device) -> (networkData, (message, since))
-        self._moved: dict[str, dict[tuple[str, str], tuple[dict, tuple[str, str]]]] = {}
+        # claim uid -> (pool, device) -> (networkData, (message, since) or None once the
+        # interface is back on the host: then networkData keeps its name and MAC only, as
+        # prepare wrote it, and the pod's addresses go)
+        self._moved: dict[str, dict[tuple[str, str], tuple[dict, tuple[str, str] | None]]] = {}
         writer.overlays.append(self.overlay)
 
     def overlay(self, ref: ClaimRef, devices: list[DeviceStatus]) -> list[DeviceStatus]:
@@ -51,8 +53,10 @@ class NetworkConditions:
     def returned(self, ref: ClaimRef, pool: str, device: str) -> None:
         with self._lock:
             known = self._moved.get(ref.uid, {})
-            if known.pop((pool, device), None) is None:
+            found = known.get((pool, device))
+            if found is None or found[1] is None:
                 return
+            known[(pool, device)] = ({k: v for k, v in found[0].items() if k != "ips"}, None)
         self._republish(ref)
 
     def _republish(self, ref: ClaimRef) -> None:
