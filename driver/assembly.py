@@ -222,7 +222,7 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
     if config.nri_socket is not None:
         nri, _ = nri_setup.make(config.nri_socket, config.state_dir, node.proc, inventory,
                                 checkpoint.records, status, config.mock is not None,
-                                instance.token)
+                                instance.token, metrics)
     return Parts(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                  health, prober, metrics, Probes(ready), instance, utilization, xid, nri)
 

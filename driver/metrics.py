@@ -72,6 +72,15 @@ class Metrics:
         self.status_write_failures = Counter(f"{PREFIX}_claim_status_write_failures",
                                              "Failed writes of ResourceClaim status.devices (retried)",
                                              registry=self.registry)
+        # The runtime waits for these answers before it starts the pod, and drops the
+        # plugin when one takes longer than its request timeout (2 s by default).
+        self.nri_events = Histogram(f"{PREFIX}_nri_event_duration_seconds",
+                                    "Time to answer the container runtime's NRI pod sandbox events",
+                                    ["event"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.nri_event_errors = Counter(f"{PREFIX}_nri_event_errors",
+                                        "NRI events answered with an error (the pod's sandbox "
+                                        "fails; the kubelet retries it)",
+                                        ["event"], registry=self.registry)
         info = Gauge(f"{PREFIX}_build_info", "Build information", ["version", "driver"],
                      registry=self.registry)
         info.labels(__version__, driver).set(1)

@@ -106,6 +106,8 @@ def test_a_failing_event_is_the_runtimes_error_and_the_plugin_stays(sock: Path) 
         runtime = FakeRuntime(sock)
         await runtime.start()
         plugin = NriPlugin(options(sock), Recorder(fail="NIC nic-0000-41-00-2 is gone"))
+        seen = []
+        plugin.observe = lambda event, seconds, failed: seen.append((event, failed))
         task = asyncio.create_task(plugin.run())
         await asyncio.wait_for(plugin.ready.wait(), 10)
         answer = await runtime.call("RunPodSandbox", api.RunPodSandboxRequest(pod=pod("x")))
@@ -114,11 +116,30 @@ def test_a_failing_event_is_the_runtimes_error_and_the_plugin_stays(sock: Path) 
         answer = await runtime.call("StopPodSandbox", api.StopPodSandboxRequest(pod=pod("x")))
         assert answer.code == 0
         assert len(runtime.registrations) == 1
+        assert seen == [("Synchronize", False), ("RunPodSandbox", True),
+                        ("StopPodSandbox", False)]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runtime.stop()
 
     asyncio.run(main())
+
+
+def test_event_times_and_errors_reach_the_drivers_metrics(tmp_path) -> None:
+    from driver.devices.model import Inventory
+    from driver.metrics import Metrics
+    from driver.nri import setup
+
+    metrics = Metrics("accel.dra.io")
+    plugin, _ = setup.make(tmp_path / "nri.sock", tmp_path, Path("/proc"),
+                           lambda: Inventory(devices=()), lambda: [], None, False, "t", metrics)
+    plugin.observe("RunPodSandbox", 0.03, False)
+    plugin.observe("RunPodSandbox", 1.7, True)
+    sample = metrics.registry.get_sample_value
+    assert sample("dra_driver_nri_event_duration_seconds_count", {"event": "RunPodSandbox"}) == 2
+    assert sample("dra_driver_nri_event_duration_seconds_bucket",
+                  {"event": "RunPodSandbox", "le": "0.05"}) == 1
+    assert sample("dra_driver_nri_event_errors_total", {"event": "RunPodSandbox"}) == 1
 
 
 def test_slow_work_is_answered_before_the_runtimes_deadline(sock: Path) -> None:

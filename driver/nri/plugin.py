@@ -97,6 +97,8 @@ class NriPlugin:
     # Seconds each RunPodSandbox took to answer, the most recent first-in-first-out.
     run_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    # (event, seconds, failed) for each pod event answered: the driver's metrics
+    observe: Callable[[str, float, bool], None] = lambda event, seconds, failed: None
     _endpoint: ttrpc.Endpoint | None = None
     _sync_pods: list[api.PodSandbox] = field(default_factory=list)
 
@@ -223,6 +225,16 @@ class NriPlugin:
         """Run `work` but answer before the runtime's deadline. The work is shielded, not
         cancelled: a half-done netlink change must finish and be recorded, and the pod's
         next event (or the next Synchronize) finds it."""
+        started = time.monotonic()
+        failed = True
+        try:
+            await self._within_budget(event, pod, work)
+            failed = False
+        finally:
+            self.observe(event, time.monotonic() - started, failed)
+
+    async def _within_budget(self, event: str, pod: api.PodSandbox | None,
+                             work: Awaitable) -> None:
         budget = self.request_timeout * HANDLER_BUDGET
         task = asyncio.ensure_future(work)
         pod_fields = {} if pod is None else {"pod": f"{pod.namespace}/{pod.name}",

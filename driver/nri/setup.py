@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 import structlog
 
 from driver.devices.model import DeviceKind, Inventory
+from driver.metrics import Metrics
 from driver.nri.mocknet import MockNetwork
 from driver.nri.netdev import NetdevMover
 from driver.nri.plugin import NriOptions, NriPlugin
@@ -35,7 +36,7 @@ def mock_network(state_dir: Path) -> MockNetwork:
 
 def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[], Inventory],
          records: Callable[[], Iterable[ClaimRecord]], status: StatusWriter | None,
-         mock: bool, owner: str) -> tuple[NriPlugin, NicPods]:
+         mock: bool, owner: str, metrics: Metrics | None = None) -> tuple[NriPlugin, NicPods]:
     recreate = None
     network = mock_network(state_dir) if mock else None
     if network is not None:
@@ -74,4 +75,11 @@ def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[],
 
     nics = NicPods(mover, records, interface_of,
                    NetworkConditions(status) if status is not None else None)
-    return NriPlugin(NriOptions(socket=socket), nics), nics
+    plugin = NriPlugin(NriOptions(socket=socket), nics)
+    if metrics is not None:
+        def observe(event: str, seconds: float, failed: bool) -> None:
+            metrics.nri_events.labels(event).observe(seconds)
+            if failed:
+                metrics.nri_event_errors.labels(event).inc()
+        plugin.observe = observe
+    return plugin, nics
