@@ -77,6 +77,9 @@ class State:
     events: list[dict] = field(default_factory=list)  # events.k8s.io/v1, as created
     # (namespace, claim, HTTP status) of each PATCH of resourceclaims/status, in order
     status_patches: list[tuple[str, str, int]] = field(default_factory=list)
+    # Drivers whose status.devices entries the client may not change: RBAC without
+    # associated-node:patch (or arbitrary-node:patch) on resourceclaims/driver for them.
+    status_denied: set[str] = field(default_factory=set)
     # Nodes whose pods something runs (driver/sim/pods.py, the kubelet's part): there a
     # deleted pod stays, terminating, until its processes are gone; elsewhere it goes at once.
     pod_nodes: set[str] = field(default_factory=set)
@@ -187,6 +190,12 @@ class ApiServer:
         with self.state.lock:
             self.state.claims.pop((namespace, name), None)
             self.state.status_owners.pop((namespace, name), None)  # a new claim starts afresh
+
+    def deny_status_writes(self, driver: str, denied: bool = True) -> None:
+        """Take away (or give back) the client's grant to change `driver`'s entries of
+        status.devices (from 1.36, with DRAResourceClaimGranularStatusAuthorization)."""
+        with self.state.lock:
+            (self.state.status_denied.add if denied else self.state.status_denied.discard)(driver)
 
     def claim_for_pod(self, namespace: str, pod_name: str, pod_uid: str, pod_claim: str,
                       uid: str, results: list[dict], config: list[dict] | None = None) -> dict:
@@ -488,6 +497,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._status(404, f'resourceclaims.{GROUP} "{name}" not found', "NotFound")
             owners = self.state.status_owners.setdefault((namespace, name), {})
             try:
+                if self.state.status_denied and self._granular_status_authorization():
+                    # The API server's own authorization check inside the write: the
+                    # drivers whose entries the apply would change need the verb. A
+                    # refusal is a field error of the object (422), not a 403.
+                    trial = copy.deepcopy(claim)
+                    claimstatus.apply(trial, copy.deepcopy(owners), body, query.get("fieldManager"),
+                                      query.get("force") in ("true", "1"), self.headers.get("Content-Type", ""))
+                    for driver in sorted(claimstatus.modified_drivers(claim, trial) & self.state.status_denied):
+                        raise claimstatus.ApplyError(422, "Invalid", claimstatus.driver_forbidden(name, driver, namespace))
                 claimstatus.apply(claim, owners, body, query.get("fieldManager"),
                                   query.get("force") in ("true", "1"),
                                   self.headers.get("Content-Type", ""))
@@ -524,6 +542,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"apiVersion": f"{GROUP}/{version}", "kind": kind, "items": found,
                          "metadata": {"resourceVersion": str(self.state.resource_version)}})
 
+    def _granular_status_authorization(self) -> bool:
+        return self.state.server_version >= (1, 36) and self.state.gates.get(
+            "DRAResourceClaimGranularStatusAuthorization", True)
+
     def _record(self, method: str, path: str, query: dict) -> None:
         if _NODE.match(path):
             access = ("get" if method == "GET" else method.lower(), "", "nodes")
@@ -536,8 +558,7 @@ class _Handler(BaseHTTPRequestHandler):
             access = ({"POST": "create", "GET": "list"}.get(method, method.lower()), "events.k8s.io", "events")
         elif _CLAIM_STATUS.match(path):
             access = (method.lower(), GROUP, "resourceclaims/status")
-            if self.state.server_version >= (1, 36) and self.state.gates.get(
-                    "DRAResourceClaimGranularStatusAuthorization", True):
+            if self._granular_status_authorization():
                 # 1.36: writing status.devices also needs this verb on the driver
                 # subresource, for the driver names of the entries (resourceNames).
                 with self.state.lock:

@@ -167,3 +167,22 @@ def _network_errors(where: str, network: Any) -> list[str]:
         except ValueError:
             errors.append(f"{where}.ips: Invalid value: {ip!r}: must be a valid address in CIDR form")
     return errors
+
+
+def modified_drivers(old: dict, new: dict) -> set[str]:
+    """The drivers whose status.devices entries differ between two versions of a claim:
+    added, removed or changed (k8s.io/kubernetes pkg/registry/resource, getModifiedDrivers)."""
+    def entries(claim: dict) -> dict[tuple, dict]:
+        return {key_of(e): e for e in ((claim.get("status") or {}).get("devices") or [])}
+    before, after = entries(old), entries(new)
+    return {key[0] for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+
+
+def driver_forbidden(claim: str, driver: str, namespace: str,
+                     user: str = "system:serviceaccount:dra-system:dra-dra-accel-driver") -> str:
+    """The real server's message for a status.devices change without the driver grant."""
+    return (f'ResourceClaim.resource.k8s.io "{claim}" is invalid: status.devices: Forbidden: changing '
+            'status.devices requires resource="resourceclaims/driver", verb="[associated-node:patch '
+            f'arbitrary-node:patch]" permission: resourceclaims.resource.k8s.io "{driver}" is forbidden: '
+            f'User "{user}" cannot associated-node:patch resource "resourceclaims/driver" in API group '
+            f'"resource.k8s.io" in the namespace "{namespace}"')
