@@ -344,17 +344,22 @@ def demo_answer(sc: dict, node: str) -> dict | None:
     from driver.scheduling import allocator
     world = w.build(sc["slices"])
     on_node = world.on_node(node)
-    if world.unusable_pools or {(d.driver, d.pool) for d in on_node} != {(DRIVER, node)}:
+    pools = {(d.driver, d.pool) for d in on_node}
+    if world.unusable_pools or len(pools) != 1:
         return None
+    (driver, pool), = pools
     requests = sc["claim"]["spec"]["devices"]["requests"]
     for r in requests:
         for spec in r.get("firstAvailable") or [r.get("exactly")]:
             if spec.get("allocationMode") == "All" or spec.get("adminAccess"):
                 return None
     shares, counters = allocator.Shares(), allocator.Counters()
-    for (driver, pool, name), totals in world.counter_sets.items():
-        if (driver, pool) == (DRIVER, node):
+    for (set_driver, set_pool, name), totals in world.counter_sets.items():
+        if (set_driver, set_pool) == (driver, pool):
             counters.totals[name] = dict(totals)
+    for d in world.devices:  # the pool's devices on other nodes use its counters too
+        if (d.driver, d.pool) == (driver, pool) and d.consumes:
+            counters.consumes[d.name] = {s: dict(c) for s, c in d.consumes.items()}
     devices, taints = [], {}
     for d in on_node:
         attributes = {}
@@ -372,10 +377,11 @@ def demo_answer(sc: dict, node: str) -> dict | None:
     counted: set[str] = set()
     for claim in sc["allocated"]:
         for result in claim["status"]["allocation"]["devices"]["results"]:
-            if (result["driver"], result["pool"]) != (DRIVER, node):
+            if (result["driver"], result["pool"]) != (driver, pool):
                 continue
-            if result.get("consumedCapacity") and result["device"] in shares.capacity:
-                shares.take(result["device"], {k: quantity.value(v) for k, v in result["consumedCapacity"].items()})
+            if (result.get("consumedCapacity") or result.get("shareID")) and result["device"] in shares.capacity:
+                shares.take(result["device"], {k: quantity.value(v) for k, v in
+                                               (result.get("consumedCapacity") or {}).items()})
             else:
                 taken.add(result["device"])
             if result["device"] not in counted:  # a device takes its counters once
@@ -388,11 +394,11 @@ def demo_answer(sc: dict, node: str) -> dict | None:
         for sub in r.get("firstAvailable") or []:
             sub.setdefault("count", 1)
     try:
-        choices = allocator.allocate(spec, Inventory(tuple(devices)), classes, DRIVER, taken, shares, counters, taints,
+        choices = allocator.allocate(spec, Inventory(tuple(devices)), classes, driver, taken, shares, counters, taints,
                                      order=[d.name for d in devices])
     except allocator.Unsatisfiable as error:
         return {"fits": False, "why": str(error)}
-    return {"fits": True, "devices": [(c.request, node, d.name) for c in choices for d in c.devices]}
+    return {"fits": True, "devices": [(c.request, pool, d.name) for c in choices for d in c.devices]}
 
 
 def compare_demo(oracle: Oracle, seeds) -> dict:
@@ -414,6 +420,164 @@ def compare_demo(oracle: Oracle, seeds) -> dict:
             if not same and len(examples) < 5:
                 examples.append({"seed": seed, "node": node, "demo": ours, "scheduler": theirs})
     return {"counts": counts, "examples": examples}
+
+
+# -- upstream's allocator scenarios ---------------------------------------------------------------------
+UPSTREAM = ROOT / "tests" / "data" / "upstream_allocator_scenarios.json"
+# The allocator features explain models: the gates on by default in the clusters it
+# explains (1.34+ GA or beta), and what hack/allocator-oracle enables by default.
+MODELLED_FEATURES = {"DRAAdminAccess", "DRAPrioritizedList", "DRAPartitionableDevices", "DRADeviceTaints",
+                     "DRAConsumableCapacity", "DRAListTypeAttributes"}
+
+
+def upstream_scenarios() -> list[dict]:
+    return json.loads(UPSTREAM.read_text())["scenarios"]
+
+
+def _kind(objects: list[dict] | None, kind: str) -> list[dict]:
+    return [{"kind": kind, "apiVersion": "resource.k8s.io/v1", **o} for o in objects or []]
+
+
+def upstream_allocated(sc: dict) -> list[dict]:
+    """The scenario's allocated state as one allocated claim: each allocated device a
+    result, each share a result with its shareID (a device's summed consumed capacity on
+    its first share)."""
+    results = [{"request": "r", "driver": d["driver"], "pool": d["pool"], "device": d["device"]}
+               for d in sc.get("allocatedDevices") or []]
+    consumed = {(c["driver"], c["pool"], c["device"]): c["capacity"] for c in sc.get("aggregatedCapacity") or []}
+    for d in sc.get("allocatedSharedDeviceIDs") or []:
+        result = {"request": "r", "driver": d["driver"], "pool": d["pool"], "device": d["device"],
+                  "shareID": d.get("shareID") or "00000000-0000-0000-0000-000000000000"}
+        capacity = consumed.pop((d["driver"], d["pool"], d["device"]), None)
+        if capacity is not None:
+            result["consumedCapacity"] = capacity
+        results.append(result)
+    for (driver, pool, device), capacity in consumed.items():  # capacity without a share ID
+        results.append({"request": "r", "driver": driver, "pool": pool, "device": device,
+                        "shareID": "00000000-0000-0000-0000-000000000001", "consumedCapacity": capacity})
+    if not results:
+        return []
+    return [{"kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1",
+             "metadata": {"name": "allocated", "namespace": "default", "uid": "uid-allocated"},
+             "spec": {"devices": {"requests": []}}, "status": {"allocation": {"devices": {"results": results}}}}]
+
+
+def _devices(results: list[dict]) -> list[tuple[str, str, str, str]]:
+    return [(r["request"], r["driver"], r["pool"], r["device"]) for r in results]
+
+
+def upstream_expected(sc: dict) -> dict:
+    """What upstream's test accepted: an error, no fit, or each claim's devices."""
+    if sc.get("error"):
+        return {"fits": False, "error": sc["error"]}
+    if not sc.get("results") and sc["claims"]:
+        return {"fits": False}
+    return {"fits": True, "claims": [_devices(r["devices"].get("results") or []) for r in sc.get("results") or []]}
+
+
+def upstream_node(sc: dict) -> dict:
+    meta = (sc.get("node") or {}).get("metadata") or {}
+    return {"name": meta.get("name", "node-1"), "labels": meta.get("labels") or {}}
+
+
+def upstream_oracle(oracle: Oracle, sc: dict, features: dict | None = None) -> dict:
+    request = {"op": "allocate", "node": upstream_node(sc), "slices": _kind(sc["slices"], "ResourceSlice"),
+               "classes": _kind(sc["classes"], "DeviceClass"), "claims": _kind(sc["claims"], "ResourceClaim"),
+               "allocated": upstream_allocated(sc)}
+    if features is not None:
+        request["features"] = features
+    raw = oracle.ask(request)
+    if raw.get("error"):
+        return {"fits": False, "error": raw["error"]}
+    if not raw.get("fits") and sc["claims"]:
+        return {"fits": False}
+    return {"fits": True, "claims": [_devices(r["devices"].get("results") or []) for r in raw.get("results") or []]}
+
+
+# Go field names of structured.Features for the feature gate names the recorder wrote.
+GO_FEATURES = {"DRAAdminAccess": "AdminAccess", "DRAPrioritizedList": "PrioritizedList",
+               "DRAPartitionableDevices": "PartitionableDevices", "DRADeviceTaints": "DeviceTaints",
+               "DRAConsumableCapacity": "ConsumableCapacity", "DRAListTypeAttributes": "ListTypeAttributes",
+               "DRADeviceBindingConditions+DRAResourceClaimDeviceStatus": "DeviceBindingAndStatus",
+               "DRADeviceCompatibilityGroups": "CompatibilityGroups", "DRADerivedAttributes": "DerivedAttributes",
+               "DRAOptionalNodeOperations": "OptionalNodeOperations",
+               "DRAFractionalCapacityRange": "FractionalCapacityRange"}
+
+
+def go_features(names) -> dict:
+    return {GO_FEATURES[n]: True for n in names}
+
+
+def upstream_explain(sc: dict) -> dict:
+    """explain, claim by claim in order, each fitting claim's devices then counted as
+    allocated for the next (explain judges one claim at a time)."""
+    node = upstream_node(sc)["name"]
+    allocated = upstream_allocated(sc)
+    claims = []
+    for index, claim in enumerate(sc["claims"]):
+        world = w.build(_kind(sc["slices"], "ResourceSlice") + _kind(sc["classes"], "DeviceClass") + allocated)
+        name = (claim.get("metadata") or {}).get("name", f"claim-{index}")
+        try:
+            report = engine.explain_node(f"default/{name}", claim["spec"], node, world, "default")
+        except engine.ClaimError as err:
+            return {"fits": False, "error": f"explain: {err}"}
+        if not report.fits:
+            answer: dict = {"fits": False, "why": report.why}
+            if _is_error(report.why):
+                answer["error"] = report.why
+            return answer
+        results = [{k: r[k] for k in ("request", "driver", "pool", "device")} for r in report.allocation]
+        full = [dict(r, **({"consumedCapacity": r["consumedCapacity"], "shareID": f"s-{index}-{i}"}
+                           if r.get("consumedCapacity") is not None else {}))
+                for i, r in enumerate(report.allocation)]
+        allocated = allocated + [{"kind": "ResourceClaim", "metadata": {"name": name, "namespace": "default",
+                                                                       "uid": f"uid-{index}"},
+                                  "spec": claim["spec"], "status": {"allocation": {"devices": {"results": full}}}}]
+        claims.append(_devices(results))
+    return {"fits": True, "claims": claims}
+
+
+def _is_error(why: str) -> bool:
+    """explain's reasons that are the scheduler's errors (not a plain "does not fit")."""
+    return any(s in why for s in ("a CEL error aborts the allocation", "the scheduler fails",
+                                  "currently being updated", "currently invalid"))
+
+
+def upstream_demo(sc: dict) -> dict | None:
+    """The demo allocator's answer to a one-claim upstream scenario it models, else None."""
+    if len(sc["claims"]) != 1:
+        return None
+    node = upstream_node(sc)["name"]
+    one = {"slices": _kind(sc["slices"], "ResourceSlice"), "classes": _kind(sc["classes"], "DeviceClass"),
+           "claim": sc["claims"][0], "allocated": upstream_allocated(sc)}
+    requests = one["claim"]["spec"]["devices"]["requests"]
+    selectors = [s for c in one["classes"] for s in c["spec"].get("selectors") or []] + [
+        s for r in requests for e in (r.get("firstAvailable") or [r.get("exactly") or {}])
+        for s in e.get("selectors") or []]
+    if any("cel" not in s for s in selectors):
+        return None  # an unknown selector type: the API server would not store it
+    try:
+        ours = demo_answer(one, node)
+    except ValueError:
+        # device or attribute names the driver's device model refuses (capacity-0), or an
+        # attribute without a value: not what the driver publishes
+        return None
+    if ours is None:
+        return None
+    world = w.build(one["slices"])
+    (driver,) = {d.driver for d in world.on_node(node)}
+    if not ours["fits"]:
+        return {"fits": False, "why": ours["why"]} | ({"error": ours["why"]} if "CEL runtime error" in ours["why"]
+                                                      else {})
+    return {"fits": True, "claims": [[(r, driver, p, d) for r, p, d in ours["devices"]]]}
+
+
+def same_verdict(ours: dict, theirs: dict) -> bool:
+    """Fit or not, an error where the scheduler gives one, and the same devices per claim."""
+    if ours["fits"] != theirs["fits"] or bool(ours.get("error")) != bool(theirs.get("error")):
+        return False
+    return not ours["fits"] or [[tuple(x) for x in c] for c in ours["claims"]] == \
+        [[tuple(x) for x in c] for c in theirs["claims"]]
 
 
 if __name__ == "__main__":

@@ -292,6 +292,7 @@ class Demo:
                     time.sleep(0.3)
                     stored = api.slices()
                     inventory, shares, counters, device_taints = _inventory_from_slices(stored, self.driver)
+                    order = _scheduler_order(stored)
                     self.out(f"== published {len(inventory.devices)} devices in {len(stored)} ResourceSlices "
                              f"(pool {NODE}, generation {stored[0]['spec']['pool']['generation']})")
                     classes = {**deviceclasses.all_classes(self.driver), **self.extra_classes}
@@ -307,7 +308,7 @@ class Demo:
                         spec = fill(claim.spec, self.driver)
                         try:
                             choices = allocate(spec, inventory, classes, self.driver, taken, shares,
-                                               counters, device_taints)
+                                               counters, device_taints, order=order)
                         except Unsatisfiable as error:
                             if claim.expect_pending:
                                 self.out(f"\n== claim {claim.name}: {claim.what}\n   pending, as "
@@ -511,6 +512,13 @@ def _share(result: dict) -> str:
     if not consumed:
         return ""
     return " (share " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+
+
+def _scheduler_order(stored: list[dict]) -> list[str]:
+    """The device names in the order the scheduler visits them: pools by name, a pool's
+    slices by name, a slice's devices as listed (the first fitting ones are those it picks)."""
+    ordered = sorted(stored, key=lambda o: (o["spec"]["pool"]["name"], o["metadata"]["name"]))
+    return [d["name"] for o in ordered for d in o["spec"].get("devices", [])]
 
 
 def _inventory_from_slices(stored: list[dict], driver: str):

@@ -111,7 +111,7 @@ def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -
         for index, holder in enumerate(holders.get(device.key, ())):
             if index == 0:
                 counters.take(device.key)  # a shared device takes its counters once
-            if device.multiple and holder.consumed:  # a share; a result without one holds it whole
+            if device.multiple and holder.consumed:  # a share; a result that is no share holds it whole
                 shares.take(device.key, {k: quantities.value(str(v)) for k, v in holder.consumed.items()})
     return _Ledger(holders, shares, counters)
 
@@ -135,9 +135,14 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
     device_class = world.classes.get(alt.device_class)
     if device_class is None:
         return verdict(CLASS, f"DeviceClass {alt.device_class} does not exist")
-    variables = device.activation()
+    unsupported = device.unsupported_attribute()
+    variables = device.activation() if unsupported is None else {}
     for owner, index, expression in _selectors(alt, device_class):
         try:
+            if unsupported is not None:
+                # The scheduler converts every attribute before it evaluates anything:
+                # one without a value of a known type fails every selector on the device.
+                raise cel.CelError(expression, f"attribute {unsupported}: unsupported attribute value")
             if not cel.evaluate(expression, variables):
                 seen = _seen(expression, device)
                 where = f"class {alt.device_class} selector #{index}" if owner else f"selector #{index}"
@@ -156,7 +161,7 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
     if taint is not None:
         return verdict(TAINT, f"taint {taints.text(taint)} is not tolerated")
     holders = ledger.holders.get(device.key, [])
-    whole = [h for h in holders if not (device.multiple and h.consumed)]
+    whole = [h for h in holders if not (device.multiple and h.consumed is not None)]
     # Admin access ignores other claims' allocations, not capacity or counters.
     if whole and not alt.admin:
         return verdict(ALLOCATED, f"allocated to claim {whole[0].claim}")
@@ -256,14 +261,33 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
             report.why = (f"constraint #{index}: empty constraint (unsupported constraint type?); "
                           "the scheduler fails the allocation")
             return report
-    for alt, _, _ in (o for per_request in options for o in per_request):
-        if alt.count is None:
-            for (driver, pool), (why, nodes) in sorted(world.unusable_pools.items()):
-                if nodes is None or node in nodes:
-                    state = "currently being updated" if why == "incomplete" else "currently invalid"
-                    report.why = (f"request {alt.request}: asks for all devices, but resource pool "
-                                  f"{driver}/{pool} is {state}")
-                    return report
+    # What the scheduler checks request by request before it searches, each failing the
+    # allocation with an error: the class exists, no pool that a request for all devices
+    # would take from is incomplete or invalid, and the claim stays within its 32 results
+    # (a request with alternatives counts its smallest).
+    accounted = 0
+    for (name, _), per_request in zip(plan, options):
+        smallest = None
+        for alt, fitting, _ in per_request:
+            if alt.device_class not in world.classes:
+                report.why = (f"request {alt.request}: DeviceClass {alt.device_class} does not exist; "
+                              "the scheduler fails the allocation")
+                return report
+            if alt.count is None:
+                for (driver, pool), (why, nodes) in sorted(world.unusable_pools.items()):
+                    if nodes is None or node in nodes:
+                        state = "currently being updated" if why == "incomplete" else "currently invalid"
+                        report.why = (f"request {alt.request}: asks for all devices, but resource pool "
+                                      f"{driver}/{pool} is {state}")
+                        return report
+            n = len(fitting.walk) if isinstance(fitting, _AllDevices) else alt.count
+            smallest = n if smallest is None else min(smallest, n)
+        if smallest is not None and smallest > MAX_RESULTS - accounted:
+            report.why = (f"request {name}: adding {smallest} devices exceeds the claim limit of "
+                          f"{MAX_RESULTS}, with {accounted} already accounted for; the scheduler "
+                          "fails the allocation")
+            return report
+        accounted += smallest or 0
     errors = [(a, v) for a in report.alternatives for v in a.devices if v.code == CEL_ERROR]
     if errors:
         alt, v = errors[0]
@@ -283,6 +307,13 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
         report.allocation = [_result(alt, d, ledger) for alt, chosen in found for d in chosen]
         return report
     report.why, report.constraints = _why_not(plan, options, constraints, ledger)
+    invalid = sorted(f"{driver}/{pool}" for (driver, pool), (why, nodes) in world.unusable_pools.items()
+                     if why.startswith("invalid") and (nodes is None or node in nodes))
+    if invalid:
+        # Not found, with an invalid pool in reach: the scheduler's answer is an error
+        # (the pool might have held the devices).
+        report.why += (f"; resource pool {invalid[0]} is invalid: the scheduler fails with "
+                       "\"invalid resource pools were encountered\"")
     return report
 
 
@@ -341,6 +372,14 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
     def satisfied(chosen) -> bool:
         return all(_constraint_holds(c, chosen) for c in constraints)
 
+    # The fewest devices the requests from each index on need (their smallest alternatives):
+    # an alternative that leaves less room than that is skipped, as the scheduler does,
+    # instead of searching its combinations.
+    least_after = [0] * (len(options) + 1)
+    for index in range(len(options) - 1, -1, -1):
+        least_after[index] = least_after[index + 1] + min(
+            (_count(alt, fitting) for alt, fitting, _ in options[index]), default=0)
+
     def search(index: int, chosen: list, used: set[str]):
         if sum(len(ds) for _, ds in chosen) > MAX_RESULTS:
             return None  # a claim holds at most 32 results
@@ -357,9 +396,13 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
             need = _count(alt, fitting)
             if need == 0:
                 continue
+            if sum(len(ds) for _, ds in chosen) + need + least_after[index + 1] > MAX_RESULTS:
+                continue  # the requests after it could not fit in the claim's 32 results
             # A device that allows multiple allocations can serve several requests of the
             # claim, while its capacity holds all of their shares.
             free = [d for d in fitting if d.key not in used or d.multiple]
+            if need > len(free):
+                continue
             for combo in itertools.islice(itertools.combinations(free, need), limit):
                 # Counters of the devices taken, each once; a shared device in use has its own.
                 keys = list(dict.fromkeys([d.key for d in combo] + [d.key for _, ds in chosen for d in ds]))

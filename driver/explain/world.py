@@ -63,6 +63,14 @@ class PoolDevice:
                 found.add(n)
         return found
 
+    def unsupported_attribute(self) -> str | None:
+        """The name of an attribute with no value of a type Kubernetes knows (the API server
+        does not store one, the allocator refuses one), if any."""
+        for name, value in self.attributes.items():
+            if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ATTRIBUTE_TYPES):
+                return name.rsplit("/", 1)[-1]
+        return None
+
     def activation(self) -> dict:
         attributes: dict[str, dict[str, Any]] = {}
         for key, value in cel.by_domain(self.attributes, self.driver).items():
@@ -83,6 +91,9 @@ def plain(value: dict) -> Any:
     if isinstance(v, list):
         return tuple(v)
     return VersionText(str(v)) if kind == "version" else v
+
+
+ATTRIBUTE_TYPES = {"int", "bool", "string", "version", "ints", "bools", "strings", "versions"}
 
 
 class VersionText(str):
@@ -129,7 +140,7 @@ class Holder:
 
     claim: str  # namespace/name
     uid: str
-    consumed: dict[str, str] | None = None
+    consumed: dict[str, str] | None = None  # None: not a share (it holds the device whole)
 
 
 @dataclass
@@ -166,7 +177,12 @@ class World:
                 if result.get("adminAccess"):
                     continue
                 key = f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}"
-                held.setdefault(key, []).append(Holder(ref, meta.get("uid", ""), result.get("consumedCapacity")))
+                consumed = result.get("consumedCapacity")
+                if consumed is None and result.get("shareID"):
+                    # A share of a device without capacity: the scheduler keeps it by share ID
+                    # and it does not hold the device whole.
+                    consumed = {}
+                held.setdefault(key, []).append(Holder(ref, meta.get("uid", ""), consumed))
         return held
 
 

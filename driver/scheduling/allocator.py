@@ -209,11 +209,15 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
             alternatives.append((request["name"], exactly, exactly.get("count", 1)))
         options = []
         for name, spec, count in alternatives:
+            mode = spec.get("allocationMode", "ExactCount")
+            if mode != "ExactCount":  # (All is not part of the demo's claims)
+                raise Unsatisfiable(f"request {name}: unsupported allocation mode {mode}")
             requests = ((spec.get("capacity") or {}).get("requests")) or {}
             candidates = []
             for device in _candidates(inventory, classes, spec, driver, taken, device_taints or {},
                                       frozenset(shares.capacity), None if order is None else tuple(order)):
-                if not (device.name in shares.capacity and shares.used.get(device.name)) and \
+                # (a share in use, even one of no capacity, has taken the device's counters)
+                if not (device.name in shares.capacity and device.name in shares.used) and \
                         not counters.fits(device.name):
                     continue  # its counters are taken by what was allocated before
                 if device.name in shares.capacity:
@@ -227,6 +231,15 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
                     candidates.append((device, None))  # a dedicated device that can hold the request
             options.append((name, candidates, count))
         options_per_request.append(options)
+    # The scheduler refuses a claim whose requests need more than its 32 results before it
+    # searches (a request with alternatives counting its smallest).
+    accounted = 0
+    for request, options in zip(devices_spec.get("requests", []), options_per_request):
+        smallest = min((count for _, _, count in options), default=0)
+        if smallest > MAX_RESULTS - accounted:
+            raise Unsatisfiable(f"request {request['name']}: adding {smallest} devices exceeds the claim "
+                                f"limit of {MAX_RESULTS}, with {accounted} already accounted for")
+        accounted += smallest
     constraints = devices_spec.get("constraints", [])
 
     for index, constraint in enumerate(constraints):
@@ -248,6 +261,12 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
                 return False
         return True
 
+    # The fewest devices the requests from each index on need: an alternative leaving less
+    # room than that in the 32 results is skipped, as the scheduler does.
+    least_after = [0] * (len(options_per_request) + 1)
+    for index in range(len(options_per_request) - 1, -1, -1):
+        least_after[index] = least_after[index + 1] + min((c for _, _, c in options_per_request[index]), default=0)
+
     def search(index: int, chosen: list[Choice], used: set[str]) -> list[Choice] | None:
         if sum(len(c.devices) for c in chosen) > MAX_RESULTS:
             return None  # a claim holds at most 32 results
@@ -257,11 +276,15 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
             # A device that allows multiple allocations can serve several requests of the
             # claim, while its capacity holds all of their shares.
             free = [c for c in candidates if c[0].name not in used or c[0].name in shares.capacity]
+            if count > len(free):
+                continue  # (combinations() of a huge count would allocate it first)
+            if sum(len(c.devices) for c in chosen) + count + least_after[index + 1] > MAX_RESULTS:
+                continue  # the requests after it could not fit in the claim's 32 results
             for combo in itertools.islice(itertools.combinations(free, count), 2000):
                 devices = tuple(d for d, _ in combo)
                 # Counters of the devices taken, each once; a shared device in use has its own.
                 keys = list(dict.fromkeys([d.name for d in devices] + [d.name for c in chosen for d in c.devices]))
-                keys = [k for k in keys if not (k in shares.capacity and shares.used.get(k))]
+                keys = [k for k in keys if not (k in shares.capacity and k in shares.used)]
                 if keys and not counters.fits(keys[0], tuple(keys[1:])):
                     continue
                 consumed = tuple(None if a is None else {k: _canonical(v) for k, v in a.items()}
@@ -277,7 +300,7 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
     result = search(0, [], set())
     if result is None:
         raise Unsatisfiable("no combination of devices satisfies the claim")
-    in_use = {k for k in shares.capacity if shares.used.get(k)}  # shared devices that have their counters
+    in_use = {k for k in shares.capacity if k in shares.used}  # shared devices that have their counters
     for name in dict.fromkeys(d.name for choice in result for d in choice.devices):
         if name not in in_use:
             counters.take(name)
