@@ -80,7 +80,7 @@ build_base() {
 build_top() {
   local src stamp t0=$SECONDS interpreter
   # The mock node's tools (driver/devices/mock/tree.py) are scripts that exec the host
-  # driver's interpreter by its absolute path; in the image that path leads to /opt/dra's.
+  # driver's interpreter by its absolute path; in the image that path runs /opt/dra's.
   # Only mock nodes need it: a real node's nvidia-cuda-mps-control is NVIDIA's binary.
   interpreter=${DRA_HOST_PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
   stamp=$( (cd "$repo" && find driver pyproject.toml README.md -type f ! -path '*/__pycache__/*' -print0 \
@@ -98,8 +98,11 @@ build_top() {
     /opt/dra/bin/pip install -q --disable-pip-version-check --no-warn-script-location --no-index --no-deps --root /tmp/top /tmp/wheel/*.whl
     test -x /tmp/top/opt/dra/bin/dra-driver'
   rm -rf "$root/tmp/wheel"
+  # A script, not a symlink: Python finds its venv (pyvenv.cfg) beside the path it was
+  # started by, so through a symlink elsewhere it would run without /opt/dra's packages.
   mkdir -p "$root/tmp/top$(dirname "$interpreter")"
-  ln -sfn /opt/dra/bin/python3 "$root/tmp/top$interpreter"
+  printf '#!/bin/sh\nexec /opt/dra/bin/python3 "$@"\n' > "$root/tmp/top$interpreter"
+  chmod 755 "$root/tmp/top$interpreter"
   tar --numeric-owner -C "$root/tmp/top" -cf "$cache/top.tar.new" .
   rm -rf "$root/tmp/top"
   mv "$cache/top.tar.new" "$cache/top.tar"
