@@ -24,3 +24,13 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+async def within(future: asyncio.Future, timeout: float | None):
+    """The result of `future` once it is done within `timeout` seconds, else
+    asyncio.TimeoutError; unlike asyncio.wait_for it never swallows a cancellation of the
+    caller (see above), and it leaves `future` running on a timeout (the caller decides)."""
+    done, _ = await asyncio.wait((future,), timeout=timeout)
+    if not done:
+        raise asyncio.TimeoutError
+    return future.result()

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 import structlog
 
+from driver.aio import within
 from driver._proto.nri.v1alpha1 import api_pb2 as api
 from driver.nri import ttrpc
 
@@ -240,7 +241,7 @@ class NriPlugin:
         pod_fields = {} if pod is None else {"pod": f"{pod.namespace}/{pod.name}",
                                              "pod_uid": pod.uid}
         try:
-            await asyncio.wait_for(asyncio.shield(task), budget)
+            await within(task, budget)
         except asyncio.TimeoutError:
             log.error("nri_event_too_slow", nri_event=event, budget_s=round(budget, 3),
                       **pod_fields)

@@ -28,6 +28,7 @@ from typing import Awaitable, Callable, Iterator
 
 import structlog
 
+from driver.aio import within
 from driver._proto.ttrpc import request_pb2
 
 log = structlog.get_logger("driver.nri.ttrpc")
@@ -328,7 +329,7 @@ class Endpoint:
         try:
             await self._send(conn_id, encode_message(stream_id, MessageType.REQUEST,
                                                      request.SerializeToString()))
-            data = await asyncio.wait_for(future, timeout)
+            data = await within(future, timeout)
         finally:
             channel.pending.pop(stream_id, None)
         response = request_pb2.Response()
