@@ -147,10 +147,13 @@ class Figures:
     concurrent: float
 
 
-def measure(api, make_claim, runs: int, scratch: Path, node: str, slices: int) -> Figures:
+def measure(api, make_claim, runs: int, scratch: Path, node: str, slices: int,
+            namespace: str = "default") -> Figures:
     """bench/prepare.py's first figures: one-claim prepare latency against the floor
-    sampled between the prepares, then the batch and concurrent throughput."""
-    driver = Driver(api, "mixed", node=node)
+    sampled between the prepares, then the batch and concurrent throughput. `namespace`:
+    the driver's own (where it looks for MPS control daemon pods at start); on the real
+    server the chart's, the only one its ServiceAccount may read pods in."""
+    driver = Driver(api, "mixed", node=node, extra=["--namespace", namespace])
     driver.start()
     try:
         kubelet: FakeKubelet = driver.kubelet()
@@ -228,6 +231,7 @@ def main() -> int:
             print(f"local cluster up in {time.monotonic() - t0:.1f}s "
                   f"(Kubernetes {cluster.vers['KUBERNETES_VERSION']})", flush=True)
             sys.path.insert(0, str(REPO))
+            from tests.cluster.driverhost import NAMESPACE as DRIVER_NAMESPACE
             from tests.cluster.driverhost import install, service_account, token
 
             objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
@@ -236,7 +240,8 @@ def main() -> int:
             # needs the namespace's label
             cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true")
             real = RealApi(cluster, token(cluster, service_account(objects), lc.NODE), lc.NODE)
-            measured = measure(real, lambda: real_claim(real), args.runs, scratch, lc.NODE, 3)
+            measured = measure(real, lambda: real_claim(real), args.runs, scratch, lc.NODE, 3,
+                               namespace=DRIVER_NAMESPACE)
         finally:
             cluster.down()
 
