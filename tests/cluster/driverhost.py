@@ -136,6 +136,13 @@ class HostDriver:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
+    def wait_ready(self, timeout: float = 90) -> None:
+        """Slices published and the kubelet's registration done: a pod bound before the
+        kubelet knows the driver fails its first prepare ("DRA driver ... is not registered")
+        and waits out the kubelet's back-off."""
+        self.wait_log("slices_in_sync", timeout)
+        self.wait_log("kubelet_registration_succeeded", 30)
+
     def wait_log(self, needle: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

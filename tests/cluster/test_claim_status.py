@@ -33,7 +33,7 @@ def driver(cluster, chart, tmp_path_factory):
                      fresh_node=True,
                      extra_env={"MOCK_PROFILE": "mixed", "UTILIZATION_INTERVAL": "1",
                                 "IDLE_AFTER": str(IDLE_AFTER)}).start()
-    drv.wait_log("slices_in_sync", 90)
+    drv.wait_ready()
     yield drv
     assert drv.stop() == 0, drv.log()[-3000:]
 

@@ -73,7 +73,7 @@ def test_two_shares_run_on_one_gpu_and_a_third_that_would_overcommit_it_stays_pe
     drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
                      extra_env={"MOCK_PROFILE": "mixed"}).start()
     try:
-        drv.wait_log("slices_in_sync", 90)
+        drv.wait_ready()
         cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=MANIFEST)
         results = []

@@ -63,7 +63,7 @@ def test_partitions_through_shared_counters_created_at_prepare_destroyed_with_th
     drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
                      extra_env={"MOCK_PROFILE": "h100x8"}).start()
     try:
-        drv.wait_log("slices_in_sync", 90)
+        drv.wait_ready()
         assert instances(cluster) == []
         cluster.kubectl("create", "namespace", ns)
         docs = [d for d in yaml.safe_load_all((REPO / "examples" / "mig-dynamic" / "claim.yaml").read_text())

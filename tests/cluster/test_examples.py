@@ -163,7 +163,7 @@ def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, req
     drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
                      extra_env={"MOCK_PROFILE": ex.profile}).start()
     try:
-        drv.wait_log("slices_in_sync", 90)
+        drv.wait_ready()
         cluster.kubectl("create", "namespace", ns)
         # explain's verdict first, from what the cluster has before the example: each claim
         # or template that a pod of the example uses must fit, as the scheduler then finds

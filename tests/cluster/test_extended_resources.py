@@ -92,7 +92,7 @@ def _driver(cluster, objects, tmp_path) -> HostDriver:
 
     drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
                      extra_env={"MOCK_PROFILE": "mixed"}).start()  # two H100s
-    drv.wait_log("slices_in_sync", 90)
+    drv.wait_ready()
     return drv
 
 

@@ -31,7 +31,7 @@ def driver(cluster, chart, tmp_path_factory):
     drv = HostDriver(cluster, chart, tmp_path_factory.mktemp("drv"), local_cluster.NODE,
                      fresh_node=True,
                      extra_env={"MOCK_PROFILE": "mixed", "HEALTH_INTERVAL": "1"}).start()
-    drv.wait_log("slices_in_sync", 90)
+    drv.wait_ready()
     yield drv
     assert drv.stop() == 0, drv.log()[-3000:]
 

@@ -101,7 +101,7 @@ def test_kubelet_and_driver_restarts_with_a_pod_running(cluster, chart, tmp_path
     ns = namespace(cluster, "restart")
     drv = new_driver(cluster, chart, tmp_path, fresh=True).start()
     try:
-        drv.wait_log("slices_in_sync", 90)
+        drv.wait_ready()  # a pod bound before the registration fails its prepare
         apply(cluster, ns, claim("gpu", "gpu.accel.dra.io"), pod("holder", "gpu"))
         before = wait_running(cluster, ns, "holder")
         uid = claim_uid(cluster, ns, "gpu")
@@ -144,7 +144,7 @@ def test_a_simulated_reboot_with_a_pod_running(cluster, chart, tmp_path):
     drv = new_driver(cluster, chart, tmp_path, fresh=True).start()
     drv2 = None
     try:
-        drv.wait_log("slices_in_sync", 90)
+        drv.wait_ready()
         holder = pod("holder", "gpu")
         holder["spec"]["restartPolicy"] = "Always"  # a node's pods come back after a reboot
         apply(cluster, ns, claim("gpu", "gpu.accel.dra.io"), holder)

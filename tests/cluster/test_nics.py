@@ -35,7 +35,7 @@ def start(cluster, chart, workdir: Path, fresh: bool) -> HostDriver:
 
     drv = HostDriver(cluster, chart, workdir, local_cluster.NODE, fresh_node=fresh,
                      extra_env={"MOCK_PROFILE": "sriov"}).start()
-    drv.wait_log("slices_in_sync", 90)
+    drv.wait_ready()
     drv.wait_log("nri_synchronized", 30)
     return drv
 

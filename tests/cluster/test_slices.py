@@ -40,17 +40,23 @@ def chart(cluster):
                              "mock": {"enabled": True}})
 
 
-def sent_slices(cluster, node: str, since: int) -> dict[str, dict]:
-    """The last body the driver sent for each of the node's slices (create or update),
-    from the API server's audit log, events after the first `since`."""
+def sent_slices(cluster, node: str, since: int) -> tuple[dict[str, dict], list[str]]:
+    """The last body the driver sent for each of the node's slices it still has (create or
+    update, less the ones it deleted after), from the API server's audit log, events after
+    the first `since`; and the names it deleted, for the failure message."""
     out: dict[str, dict] = {}
+    deleted: list[str] = []
     for ev in cluster.audit()[since:]:
+        if ev.get("objectRef", {}).get("resource") != "resourceslices" \
+                or ev.get("responseStatus", {}).get("code", 0) >= 300:
+            continue
         body = ev.get("requestObject")
-        if ev["verb"] in ("create", "update") and ev["objectRef"].get("resource") == "resourceslices" \
-                and body and body.get("spec", {}).get("nodeName") == node \
-                and ev.get("responseStatus", {}).get("code", 0) < 300:
+        if ev["verb"] in ("create", "update") and body and body.get("spec", {}).get("nodeName") == node:
             out[body["metadata"]["name"]] = body
-    return out
+        elif ev["verb"] == "delete" and ev["objectRef"].get("name") in out:
+            deleted.append(ev["objectRef"]["name"])
+            del out[ev["objectRef"]["name"]]
+    return out, deleted
 
 
 QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
@@ -106,10 +112,12 @@ def test_slices_accepted_as_published_and_steady_driver_writes_nothing(cluster, 
                      extra_env={"MOCK_PROFILE": profile, "REDISCOVER_INTERVAL": "2", **env}).start()
     try:
         drv.wait_log("slices_in_sync", 90)
-        want = sent_slices(cluster, node, since)
+        want, deleted = sent_slices(cluster, node, since)
         assert want, "the driver (a new node's) wrote its slices"
         have = stored_slices(cluster, node)
-        assert set(have) == set(want), "the node's slices are the ones the driver wrote"
+        assert set(have) == set(want), (
+            f"the node's slices are the ones the driver wrote: stored {sorted(have)}, written and not "
+            f"deleted {sorted(want)}, deleted {deleted}; driver log:\n{drv.log()[-3000:]}")
         for name, s in want.items():
             got = have[name]["spec"]
             sent = dict(s["spec"], pool=dict(s["spec"]["pool"], generation=got["pool"]["generation"]))
@@ -125,7 +133,8 @@ def test_slices_accepted_as_published_and_steady_driver_writes_nothing(cluster, 
         assert driver_writes(cluster) == writes, "a steady driver wrote to the API server"
         assert {n: s["metadata"]["resourceVersion"] for n, s in stored_slices(cluster, node).items()} == versions
         assert drv.proc.poll() is None, drv.log()[-3000:]
-        denied = [(e["verb"], e["requestURI"], e["responseStatus"]) for e in cluster.audit()
+        # this driver's requests only (the session-wide check is test_rbac_grants')
+        denied = [(e["verb"], e["requestURI"], e["responseStatus"]) for e in cluster.audit()[since:]
                   if e.get("responseStatus", {}).get("code") in (401, 403)]
         assert not denied, f"the API server refused the driver (chart RBAC or admission): {denied}"
     finally:
