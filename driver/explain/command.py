@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a ResourceClaim name, else a ResourceClaimTemplate name (in the cluster, "
                              "the --slices files or -f FILE)")
     parser.add_argument("-f", "--filename", type=Path, metavar="FILE",
-                        help="explain the ResourceClaims / ResourceClaimTemplates of this YAML file "
-                             "(DeviceClasses in it are used too)")
+                        help="explain the ResourceClaims / ResourceClaimTemplates of this YAML file, and "
+                             "for its Pods and workloads asking for extended resources (nvidia.com/gpu: 1) "
+                             "the claim the scheduler makes (DeviceClasses and Nodes in it are used too)")
     parser.add_argument("-n", "--namespace", default=None,
                         help="the claim's namespace (default: the claim's own, else default)")
     parser.add_argument("--node", action="append", default=[], metavar="NODE",
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
 
 
 def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
-    from driver.explain import sources
+    from driver.explain import extended, sources
     from driver.explain import world as w
 
     if args.claim is None and args.filename is None:
@@ -101,12 +102,22 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
     for path in args.slices:
         objects += sources.read_objects(path, "--slices")
     namespace = args.namespace or "default"
+    pods: list[extended.PodResources] = []
     if args.filename is not None:
         claim_objects = sources.read_objects(args.filename, "-f")
-        claims = sources.pick(sources.claims_in(claim_objects, args.filename.name, namespace),
-                              args.claim, args.namespace, f"-f {args.filename}")
-        # DeviceClasses of the claim file take part; its claims are not allocations.
-        objects += [o for o in claim_objects if o.get("kind") == "DeviceClass"]
+        file_claims = sources.claims_in(claim_objects, args.filename.name, namespace)
+        if args.claim is None:
+            try:
+                pods = extended.pods_in(claim_objects, args.filename.name, namespace)
+            except extended.ExtendedResourceError as error:
+                raise sources.SourceError(f"-f {args.filename}: {error}") from None
+        if not file_claims and not pods and args.claim is None:
+            raise sources.SourceError(f"-f {args.filename}: no ResourceClaim, ResourceClaimTemplate or "
+                                      "pod asking for extended resources in it")
+        claims = file_claims if pods else sources.pick(file_claims, args.claim, args.namespace,
+                                                       f"-f {args.filename}")
+        # DeviceClasses and Nodes of the file take part; its claims are not allocations.
+        objects += [o for o in claim_objects if o.get("kind") in ("DeviceClass", "Node")]
     elif offline:
         claims = sources.pick(sources.claims_in(objects, "files", namespace), args.claim,
                               args.namespace, "the --slices files")
@@ -115,7 +126,7 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
         claims = [sources.cluster_claim(kube, args.claim, namespace)]
     if not offline:
         kube = kube or _kube(args.kubeconfig)
-        listed, notes = sources.cluster_objects(kube, claims[0].namespace)
+        listed, notes = sources.cluster_objects(kube, (claims or pods)[0].namespace, nodes=bool(pods))
         objects += listed
     world = w.build(objects)
     world.notes += notes
@@ -124,7 +135,8 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
             raise sources.SourceError(f"--node {node}: no ResourceSlice names this node "
                                       f"(nodes: {', '.join(world.nodes()) or 'none'})")
     nodes = args.node or None
-    return [_one(claim, world, nodes, args.driver_name) for claim in claims]
+    return ([_one(claim, world, nodes, args.driver_name) for claim in claims]
+            + [extended.explain_pod(pod, world, nodes) for pod in pods])
 
 
 def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,

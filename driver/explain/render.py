@@ -48,6 +48,8 @@ def _claim(e: engine.Explanation, style: Style) -> list[str]:
     lines = [style(f"Claim {e.claim}", "bold") + (f" ({e.source})" if e.source else "") + f": {verdict}"]
     if not e.nodes:
         lines.append("  no node publishes devices (no ResourceSlices with a nodeName)")
+    if e.scheduled is not None:
+        lines += _scheduled(e.scheduled)
     shown_requests: set[str] = set()
     for node in e.nodes:
         lines.append("")
@@ -70,6 +72,18 @@ def _claim(e: engine.Explanation, style: Style) -> list[str]:
     if e.notes:
         lines.append("")
         lines += [f"Note: {n}" for n in e.notes]
+    return lines
+
+
+def _scheduled(scheduled: dict) -> list[str]:
+    if not scheduled["requests"]:
+        return ["  the scheduler makes no claim: no DeviceClass serves these resources"]
+    lines = ["  the scheduler's requests:"]
+    for r in scheduled["requests"]:
+        users = ", ".join(f"container {m['containerName']} ({m['resourceName']})"
+                          for m in scheduled["mappings"] if m["requestName"] == r["name"])
+        lines.append(f"    {r['name']}: {r['exactly']['count']} x {r['exactly']['deviceClassName']}"
+                     + (f" for {users}" if users else ""))
     return lines
 
 

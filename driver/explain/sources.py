@@ -161,9 +161,10 @@ def resource_version(kube) -> str:
         raise SourceError(f"{server}: cannot read its resource.k8s.io versions: {err}") from None
 
 
-def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
+def cluster_objects(kube, namespace: str, nodes: bool = False) -> tuple[list[dict], list[str]]:
     """ResourceSlices, DeviceClasses, ResourceClaims (all namespaces where allowed), the
-    claim's Namespace and DeviceTaintRules; and notes on what could not be read."""
+    claim's Namespace and DeviceTaintRules, and with `nodes` the Nodes (their allocatable
+    shows what device plugins serve); and notes on what could not be read."""
     from driver.kube.client import ApiError, NotFound
 
     notes: list[str] = []
@@ -190,6 +191,12 @@ def cluster_objects(kube, namespace: str) -> tuple[list[dict], list[str]]:
         objects.append({**ns, "kind": "Namespace"})
     except ApiError as err:
         notes.append(f"namespace {namespace} not readable ({err}); admin access is not checked")
+    if nodes:
+        try:
+            objects += listed("/api/v1/nodes", "Node")
+        except ApiError as err:
+            notes.append(f"Nodes not readable ({err}): device plugins' resources in their "
+                         "status.allocatable are not seen")
     for rules_version in ("v1beta2", "v1alpha3"):
         try:
             objects += listed(f"/apis/resource.k8s.io/{rules_version}/devicetaintrules", "DeviceTaintRule")

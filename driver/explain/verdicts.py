@@ -68,6 +68,9 @@ class Explanation:
     nodes: list[NodeReport]
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # a pod's extended resources: the claim the scheduler makes for them, {"requests": [...],
+    # "mappings": [...]} as in the claim's spec and the pod's extendedResourceClaimStatus
+    scheduled: dict | None = None
 
     @property
     def fits(self) -> bool:

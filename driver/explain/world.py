@@ -132,6 +132,8 @@ def display(value: Any) -> str:
 class DeviceClass:
     name: str
     selectors: tuple[str, ...]
+    extended_resource_name: str | None = None  # spec.extendedResourceName (1.34+)
+    created: str = ""  # metadata.creationTimestamp: the newer of two classes naming one resource wins
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ class World:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
     claims: list[dict] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] | None = None  # None: labels unknown (offline)
+    # node -> its status.allocatable, for the nodes whose Node object was given; a device
+    # plugin's resources show there (extended resources it serves are not DRA's there)
+    allocatable: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # (driver, pool) -> why the scheduler allocates nothing from it: "incomplete" (not all
     # slices of its newest generation seen) or "invalid: ..." (a device twice, an unknown
@@ -188,7 +193,7 @@ class World:
 
 def build(objects: Iterable[dict]) -> World:
     """A World from API objects (ResourceSlice, DeviceClass, ResourceClaim, Namespace,
-    DeviceTaintRule; anything else is ignored)."""
+    DeviceTaintRule, Node; anything else is ignored)."""
     world = World()
     slices: list[dict] = []
     rules: list[dict] = []
@@ -200,7 +205,9 @@ def build(objects: Iterable[dict]) -> World:
         elif kind == "DeviceClass":
             selectors = tuple(s["cel"]["expression"] for s in (obj.get("spec") or {}).get("selectors") or []
                               if isinstance(s, dict) and "cel" in s)
-            world.classes[name] = DeviceClass(name, selectors)
+            spec = obj.get("spec") or {}
+            world.classes[name] = DeviceClass(name, selectors, spec.get("extendedResourceName") or None,
+                                              str((obj.get("metadata") or {}).get("creationTimestamp") or ""))
         elif kind == "ResourceClaim":
             world.claims.append(obj)
         elif kind == "Namespace":
@@ -208,6 +215,9 @@ def build(objects: Iterable[dict]) -> World:
             world.namespaces[name] = dict((obj.get("metadata") or {}).get("labels") or {})
         elif kind == "DeviceTaintRule":
             rules.append(obj)
+        elif kind == "Node":
+            world.allocatable[name] = {k: str(v) for k, v in
+                                       ((obj.get("status") or {}).get("allocatable") or {}).items()}
     _add_slices(world, slices)
     _apply_taint_rules(world, rules)
     return world

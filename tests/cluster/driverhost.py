@@ -152,3 +152,12 @@ class HostDriver:
                 raise AssertionError(f"driver exited ({self.proc.returncode}) before {needle!r}:\n{self.log()[-4000:]}")
             time.sleep(0.3)
         raise AssertionError(f"no {needle!r} in the driver's log after {timeout}s:\n{self.log()[-4000:]}")
+
+
+def explain(cluster, *args: str) -> tuple[int, dict]:
+    """`dra-driver explain … -o json` reading the live cluster as its admin; (exit, output)."""
+    p = subprocess.run([sys.executable, "-m", "driver", "explain", *args, "--kubeconfig",
+                        str(cluster.admin_kubeconfig), "-o", "json"], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert p.returncode in (0, 1), f"explain {args}: {p.returncode}\n{p.stderr}"
+    return p.returncode, json.loads(p.stdout)

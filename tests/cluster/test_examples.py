@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from tests.cluster.driverhost import NAMESPACE, HostDriver, install
+from tests.cluster.driverhost import NAMESPACE, HostDriver, explain, install
 from tests.conftest import REPO
 
 GPU_UUID = r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$"
@@ -124,15 +122,6 @@ def wait_logs(cluster, ns: str, name: str, expected: list[str], timeout: float) 
 def prepared_claims(drv: HostDriver, ns: str) -> set[str]:
     return {json.loads(line).get("claim_name") for line in drv.log().splitlines()
             if '"claim_prepared"' in line and f'"{ns}"' in line}
-
-
-def explain(cluster, *args: str) -> tuple[int, dict]:
-    """`dra-driver explain … -o json` reading the live cluster as its admin; (exit, output)."""
-    p = subprocess.run([sys.executable, "-m", "driver", "explain", *args, "--kubeconfig",
-                        str(cluster.admin_kubeconfig), "-o", "json"], capture_output=True, text=True,
-                       cwd=REPO, timeout=120)
-    assert p.returncode in (0, 1), f"explain {args}: {p.returncode}\n{p.stderr}"
-    return p.returncode, json.loads(p.stdout)
 
 
 def explained(cluster, path, ns: str) -> dict[str, bool]:

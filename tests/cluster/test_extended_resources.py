@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tests.cluster.driverhost import DRIVER, HostDriver, install
+from tests.cluster.driverhost import DRIVER, HostDriver, explain, install
 
 GPU_CLASS = f"gpu.{DRIVER}"
 IMPLICIT = f"deviceclass.resource.kubernetes.io/{GPU_CLASS}"
@@ -110,8 +110,13 @@ def test_a_device_plugin_workload_runs_unchanged(cluster, tmp_path, resource, co
     drv = _driver(cluster, objects, tmp_path)
     try:
         cluster.kubectl("create", "namespace", ns)
-        cluster.kubectl("apply", "-n", ns, "-f", "-",
-                        input=DEPLOYMENT.format(resource=resource, count=count))
+        manifest = tmp_path / "deployment.yaml"
+        manifest.write_text(DEPLOYMENT.format(resource=resource, count=count))
+        # explain's prediction first, from the live cluster: the claim the scheduler will make
+        code, out = explain(cluster, "-f", str(manifest), "-n", ns)
+        (predicted,) = out["claims"]
+        assert code == 0 and predicted["fits"], predicted
+        cluster.kubectl("apply", "-n", ns, "-f", str(manifest))
 
         def running() -> dict | None:
             pods = _pods(cluster, ns)
@@ -147,6 +152,9 @@ def test_a_device_plugin_workload_runs_unchanged(cluster, tmp_path, resource, co
         assert request["name"] == "container-0-request-0"
         assert request["exactly"]["deviceClassName"] == GPU_CLASS and request["exactly"]["count"] == count
         assert "config" not in claim["spec"]["devices"]  # no claim-level config
+        # explain said so: the same requests and container mappings as the scheduler's
+        assert predicted["scheduled"]["requests"] == claim["spec"]["devices"]["requests"], predicted["scheduled"]
+        assert predicted["scheduled"]["mappings"] == status["requestMappings"]
         results = claim["status"]["allocation"]["devices"]["results"]
         assert len(results) == count and {r["driver"] for r in results} == {DRIVER}
         assert {r["request"] for r in results} == {"container-0-request-0"}
@@ -173,8 +181,13 @@ def test_without_the_name_on_the_class_the_same_workload_stays_pending(cluster, 
     drv = _driver(cluster, objects, tmp_path)
     try:
         cluster.kubectl("create", "namespace", ns)
-        cluster.kubectl("apply", "-n", ns, "-f", "-",
-                        input=DEPLOYMENT.format(resource="nvidia.com/gpu", count=1))
+        manifest = tmp_path / "deployment.yaml"
+        manifest.write_text(DEPLOYMENT.format(resource="nvidia.com/gpu", count=1))
+        code, out = explain(cluster, "-f", str(manifest), "-n", ns)
+        (predicted,) = out["claims"]
+        assert code == 1 and predicted["scheduled"]["requests"] == [], predicted
+        assert all(n["why"].startswith("Insufficient nvidia.com/gpu") for n in predicted["nodes"]), predicted
+        cluster.kubectl("apply", "-n", ns, "-f", str(manifest))
 
         def unschedulable() -> dict | None:
             for pod in _pods(cluster, ns):
