@@ -225,3 +225,46 @@ def test_claim_status_can_be_turned_off():
             kubelet.close()
             driver.kill()
     dirs.cleanup()
+
+
+def test_an_overlay_change_while_the_first_write_is_in_flight_is_written_after_it():
+    """The NIC moved into the pod while prepare's first status write was on the wire: the
+    writer had neither a pending nor a written state for the claim, the overlay found
+    nothing to build on and NetworkReady was never written (seen on the cluster tier)."""
+    import threading
+
+    from driver.nri.netdev import NetworkData
+    from driver.nri.status import NetworkConditions
+    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
+    from driver.prepare.claims import ClaimRef
+
+    on_the_wire, release = threading.Event(), threading.Event()
+    bodies: list[dict] = []
+
+    class SlowKube:
+        def resource_version(self) -> str:
+            return "v1"
+
+        def request(self, method, path, query=None, body=None, content_type=None):
+            if method == "GET":  # read_back: the server has no status yet
+                return {"metadata": {"uid": "u-1"}, "status": {}}
+            bodies.append(json.loads(body))
+            if len(bodies) == 1:
+                on_the_wire.set()
+                assert release.wait(10)
+            return {}
+
+    writer = StatusWriter(SlowKube(), DRIVER)
+    conditions = NetworkConditions(writer)
+    ref = ClaimRef("ml", "vf", "u-1")
+    writer.publish(ref, [DeviceStatus("node-a", NIC, None, True, "Prepared", "", {"type": "nic"},
+                                      {"interfaceName": "net1"})])
+    assert on_the_wire.wait(10)
+    conditions.moved(ref, "node-a", NIC, NetworkData("net1", ("10.1.0.5/24",), "02:00:00:00:00:01"), "ml/p")
+    release.set()
+    assert writer.wait_idle(10)
+    writer.close()
+    assert len(bodies) == 2, bodies
+    (entry,) = bodies[-1]["status"]["devices"]
+    assert {c["type"] for c in entry["conditions"]} == {"Ready", "NetworkReady"}
+    assert entry["networkData"]["ips"] == ["10.1.0.5/24"]

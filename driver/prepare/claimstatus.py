@@ -155,6 +155,10 @@ class StatusWriter:
     # uid -> what was last written: the kubelet repeats prepares (after a restart, for
     # every pod of a claim); the same state is not written again with a new timestamp.
     _written: dict[str, list[DeviceStatus]] = field(default_factory=dict)
+    # uid -> what is being written now: between taking a state off `_pending` and remembering
+    # it as written, it is still the claim's current state (an overlay's change in that
+    # window, e.g. a NIC moved into the pod, must build on it; seen on the cluster tier)
+    _writing: dict[str, list[DeviceStatus]] = field(default_factory=dict)
     # the other kinds of status, applied to every state written (driver/prepare/idlestatus.py)
     overlays: list[Overlay] = field(default_factory=list)
     # uid -> (pool, device, share) -> (ready, reason, time): Ready's lastTransitionTime
@@ -175,7 +179,8 @@ class StatusWriter:
             for overlay in self.overlays:
                 devices = overlay(ref, devices)
             pending = self._pending.get(ref.uid)
-            if pending is None and self._written.get(ref.uid) == list(devices):
+            last = self._writing.get(ref.uid, self._written.get(ref.uid))
+            if pending is None and last == list(devices):
                 return
             due = pending.due if pending is not None and pending.attempt == 0 else self.clock() + DELAY
             self._pending[ref.uid] = _Pending(ref, list(devices), 0, due)
@@ -189,7 +194,10 @@ class StatusWriter:
         written none (a claim prepared before a restart)."""
         with self._cv:
             pending = self._pending.get(uid)
-            return list(pending.devices) if pending is not None else self._written.get(uid)
+            if pending is not None:
+                return list(pending.devices)
+            writing = self._writing.get(uid)
+            return list(writing) if writing is not None else self._written.get(uid)
 
     def read_back(self, ref: ClaimRef) -> list[DeviceStatus]:
         """This driver's entries of the claim as the server has them, remembered as written."""
@@ -243,11 +251,13 @@ class StatusWriter:
                     return
                 item = min(due, key=lambda p: p.due)
                 del self._pending[item.ref.uid]
+                self._writing[item.ref.uid] = item.devices
                 self._busy += 1
             try:
                 self._write(item)
             finally:
                 with self._cv:
+                    self._writing.pop(item.ref.uid, None)
                     self._busy -= 1
                     self._cv.notify_all()
 
