@@ -512,10 +512,12 @@ def upstream_explain(sc: dict) -> dict:
     """explain, claim by claim in order, each fitting claim's devices then counted as
     allocated for the next (explain judges one claim at a time)."""
     node = upstream_node(sc)["name"]
+    node_object = {"kind": "Node", "metadata": {"name": node, "labels": upstream_node(sc)["labels"]}}
     allocated = upstream_allocated(sc)
     claims = []
     for index, claim in enumerate(sc["claims"]):
-        world = w.build(_kind(sc["slices"], "ResourceSlice") + _kind(sc["classes"], "DeviceClass") + allocated)
+        world = w.build(_kind(sc["slices"], "ResourceSlice") + _kind(sc["classes"], "DeviceClass") + allocated
+                        + [node_object])
         name = (claim.get("metadata") or {}).get("name", f"claim-{index}")
         try:
             report = engine.explain_node(f"default/{name}", claim["spec"], node, world, "default")
@@ -556,6 +558,8 @@ def upstream_demo(sc: dict) -> dict | None:
         for s in e.get("selectors") or []]
     if any("cel" not in s for s in selectors):
         return None  # an unknown selector type: the API server would not store it
+    if any((s.get("spec") or {}).get("nodeSelector") for s in one["slices"]):
+        return None  # the demo's node has no labels: a slice's nodeSelector is not the demo's
     try:
         ours = demo_answer(one, node)
     except ValueError:

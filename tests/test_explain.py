@@ -471,3 +471,64 @@ def test_only_the_newest_pool_generation_counts():
     assert world.devices == [] and world.unusable_pools == {(DRIVER, "n"): ("incomplete", frozenset({"n"}))}
     assert world.notes == [f"pool n of {DRIVER}: 1 of 2 slices of its newest generation seen (being updated): "
                            "the scheduler allocates none of its devices until it is complete"]
+
+
+def _pool_slice(name: str, generation: int, count: int, devices: list[str], **where) -> dict:
+    return {"kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "pool": {"name": "p", "generation": generation, "resourceSliceCount": count},
+                     "devices": [{"name": d} for d in devices], **where}}
+
+
+def test_a_pool_moving_between_nodes_is_gathered_per_node_as_the_scheduler_does():
+    # upstream's multi-host scenarios: generation 1 on node-1 (complete), 2 starting on node-2
+    slices = [_pool_slice("a", 1, 2, ["d1"], nodeName="node-1"), _pool_slice("b", 1, 2, ["d2"], nodeName="node-1"),
+              _pool_slice("c", 2, 2, ["d1"], nodeName="node-2")]
+    world = w.build(slices)
+    one, two = world.view("node-1"), world.view("node-2")
+    assert [d.name for d in one.on_node("node-1")] == ["d1", "d2"] and not one.unusable_pools
+    # node-2 sees 1 of 2 slices of generation 2 and nothing newer: incomplete
+    assert two.on_node("node-2") == [] and two.unusable_pools == {(DRIVER, "p"): ("incomplete", None)}
+    # a node that sees only old slices of an incomplete generation while a newer one exists
+    # elsewhere: obsolete there, left out without an error
+    slices = [_pool_slice("a", 1, 2, ["d1"], nodeName="node-1"), _pool_slice("c", 2, 1, ["d1"], nodeName="node-2")]
+    old = w.build(slices).view("node-1")
+    assert old.on_node("node-1") == [] and not old.unusable_pools
+
+
+def test_a_multi_node_pool_counts_the_other_nodes_slices_and_their_counters():
+    slices = [_pool_slice("a", 1, 2, ["d1"], nodeName="node-1"), _pool_slice("b", 1, 2, ["d2"], nodeName="node-2")]
+    view = w.build(slices).view("node-1")
+    assert [d.name for d in view.on_node("node-1")] == ["d1"] and [d.name for d in view.elsewhere] == ["d2"]
+    assert not view.unusable_pools
+
+
+@pytest.mark.parametrize("labels,fits", [({"region": "region-1"}, True), ({"region": "region-2"}, False), (None, True)])
+def test_a_slices_node_selector_is_evaluated_on_the_nodes_labels(labels, fits):
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "region", "operator": "In",
+                                                             "values": ["region-1"]}]}]}
+    objects = [_pool_slice("a", 1, 1, ["d1"], nodeSelector=selector)]
+    if labels is not None:
+        objects.append({"kind": "Node", "metadata": {"name": "node-2", "labels": labels}})
+    world = w.build(objects + [{"kind": "DeviceClass", "metadata": {"name": "c"},
+                                "spec": {"selectors": [{"cel": {"expression": "true"}}]}}])
+    claim = {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "c"}}]}}
+    report = engine.explain_node("default/x", claim, "node-2", world, "default")
+    assert report.fits is fits, report.why
+    if labels is None:  # labels unknown: taken to match, with a note
+        assert any("nodeSelector is not evaluated" in n for n in world.notes)
+
+
+@pytest.mark.parametrize("req,labels,matches", [
+    ({"key": "gpu", "operator": "Exists"}, {"gpu": "x"}, True),
+    ({"key": "gpu", "operator": "DoesNotExist"}, {"gpu": "x"}, False),
+    ({"key": "n", "operator": "Gt", "values": ["3"]}, {"n": "4"}, True),
+    ({"key": "n", "operator": "Lt", "values": ["3"]}, {"n": "4"}, False),
+    ({"key": "n", "operator": "Gt", "values": ["3"]}, {"n": "four"}, False),
+    ({"key": "zone", "operator": "NotIn", "values": ["a"]}, {}, True),
+])
+def test_node_selector_operators(req, labels, matches):
+    assert w.selector_matches({"nodeSelectorTerms": [{"matchExpressions": [req]}]}, "node", labels) is matches
+    # matchFields on the node's name; an empty term matches nothing
+    assert w.selector_matches({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["node"]}]}]}, "node", {})
+    assert not w.selector_matches({"nodeSelectorTerms": [{}]}, "node", labels)

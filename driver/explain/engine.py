@@ -19,11 +19,11 @@ from decimal import Decimal
 from driver.kube import quantity as quantities
 from driver.explain import suggest
 from driver.explain import world as w
-from driver.explain.verdicts import (ADMIN, ALLOCATED, CAPACITY, CEL_ERROR, CLASS, COUNTERS, FITS,
+from driver.explain.verdicts import (ADMIN, ALLOCATED, CAPACITY, CAPACITY_ERROR, CEL_ERROR, CLASS, COUNTERS, FITS,
                                      SELECTOR, TAINT, Alternative, AlternativeReport, ClaimError,
                                      DeviceVerdict, Explanation, NodeReport)
 from driver.scheduling import cel, taints
-from driver.scheduling.allocator import Counters, Shares, _canonical
+from driver.scheduling.allocator import Counters, Shares, _canonical, capacity_error
 
 def requests(claim: str, spec: dict) -> list[tuple[str, list[Alternative]]]:
     """The claim's requests, each with its alternatives (one unless firstAvailable)."""
@@ -94,7 +94,7 @@ def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -
     # Shared counters are the pool's, not the node's: devices allocated on other nodes
     # use them too.
     on_node = {d.key for d in devices}
-    for device in world.devices:
+    for device in world.devices + world.elsewhere:
         if device.key not in on_node and device.consumes:
             for _ in holders.get(device.key, ()):
                 counters.consumes[device.key] = {f"{device.driver}/{device.pool}/{s}": dict(c)
@@ -165,6 +165,9 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
     # Admin access ignores other claims' allocations, not capacity or counters.
     if whole and not alt.admin:
         return verdict(ALLOCATED, f"allocated to claim {whole[0].claim}")
+    problem = capacity_error(device.capacity, alt.capacity)
+    if problem:
+        return verdict(CAPACITY_ERROR, problem)
     if alt.capacity and not device.multiple:
         # A dedicated device serves a capacity request that it could hold (KEP-5075).
         missing = sorted(set(alt.capacity) - set(device.capacity))
@@ -229,6 +232,7 @@ def _counters_short(device: w.PoolDevice, ledger: _Ledger) -> str:
 
 def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: str,
                  skip_uid: str | None = None) -> NodeReport:
+    world = world.view(node)  # the pools as the scheduler gathers them for this node
     devices = world.on_node(node)
     ledger = _ledger(world, devices, skip_uid)
     plan = requests(claim, spec)
@@ -288,11 +292,13 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
                           "fails the allocation")
             return report
         accounted += smallest or 0
-    errors = [(a, v) for a in report.alternatives for v in a.devices if v.code == CEL_ERROR]
+    errors = [(a, v) for a in report.alternatives for v in a.devices if v.code in (CEL_ERROR, CAPACITY_ERROR)]
     if errors:
         alt, v = errors[0]
         report.why = (f"request {alt.request}: {v.reason} on device {v.device}; a CEL error "
-                      "aborts the allocation")
+                      "aborts the allocation" if v.code == CEL_ERROR else
+                      f"request {alt.request}: checking capacity for device {v.device}: {v.reason}; "
+                      "the scheduler fails the allocation")
         return report
     constraints = (spec.get("devices") or {}).get("constraints") or []
     try:

@@ -163,8 +163,9 @@ def resource_version(kube) -> str:
 
 def cluster_objects(kube, namespace: str, nodes: bool = False) -> tuple[list[dict], list[str]]:
     """ResourceSlices, DeviceClasses, ResourceClaims (all namespaces where allowed), the
-    claim's Namespace and DeviceTaintRules, and with `nodes` the Nodes (their allocatable
-    shows what device plugins serve); and notes on what could not be read."""
+    claim's Namespace and DeviceTaintRules, and the Nodes with `nodes` or where a slice has
+    a nodeSelector (their labels place its devices, their allocatable shows what device
+    plugins serve); and notes on what could not be read."""
     from driver.kube.client import ApiError, NotFound
 
     notes: list[str] = []
@@ -191,12 +192,15 @@ def cluster_objects(kube, namespace: str, nodes: bool = False) -> tuple[list[dic
         objects.append({**ns, "kind": "Namespace"})
     except ApiError as err:
         notes.append(f"namespace {namespace} not readable ({err}); admin access is not checked")
+    # Node labels decide where a slice's nodeSelector puts its devices
+    nodes = nodes or any((o.get("spec") or {}).get("nodeSelector") or (o.get("spec") or {}).get("perDeviceNodeSelection")
+                         for o in objects if o.get("kind") == "ResourceSlice")
     if nodes:
         try:
             objects += listed("/api/v1/nodes", "Node")
         except ApiError as err:
-            notes.append(f"Nodes not readable ({err}): device plugins' resources in their "
-                         "status.allocatable are not seen")
+            notes.append(f"Nodes not readable ({err}): their labels (for slices' nodeSelectors) "
+                         "and device plugins' resources in their status.allocatable are not seen")
     for rules_version in ("v1beta2", "v1alpha3"):
         try:
             objects += listed(f"/apis/resource.k8s.io/{rules_version}/devicetaintrules", "DeviceTaintRule")

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 FITS = "fits"
 # Reason codes, in the order they are checked.
-CLASS, SELECTOR, CEL_ERROR, ADMIN, TAINT, ALLOCATED, CAPACITY, COUNTERS = (
-    "class", "selector", "cel-error", "admin-access", "taint", "allocated", "capacity", "counters")
+CLASS, SELECTOR, CEL_ERROR, ADMIN, TAINT, ALLOCATED, CAPACITY_ERROR, CAPACITY, COUNTERS = (
+    "class", "selector", "cel-error", "admin-access", "taint", "allocated", "capacity-error", "capacity",
+    "counters")
 
 
 class ClaimError(ValueError):

@@ -160,12 +160,41 @@ class World:
     # slices of its newest generation seen) or "invalid: ..." (a device twice, an unknown
     # counter set), with the nodes it has slices on (None: every node).
     unusable_pools: dict[tuple[str, str], tuple[str, frozenset | None]] = field(default_factory=dict)
+    # node -> its labels, for the nodes whose Node object was given (a slice's nodeSelector
+    # is evaluated on them; on a node without, it is taken to match, with a note)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # a node's view only: devices of its pools' slices that do not target it (their
+    # allocations use the pool's shared counters too)
+    elsewhere: list[PoolDevice] = field(default_factory=list)
+    slice_objects: list[dict] = field(default_factory=list, repr=False)
+    rule_objects: list[dict] = field(default_factory=list, repr=False)
+    _views: dict[str, "World"] = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[str]:
-        return sorted({d.node for d in self.devices if d.node is not None})
+        named = {d.node for d in self.devices if d.node is not None}
+        if any(d.node is None for d in self.devices):
+            named |= set(self.labels)  # nodes known by their Node objects may match selectors
+        return sorted(named)
 
     def on_node(self, node: str) -> list[PoolDevice]:
         return [d for d in self.devices if d.node in (node, None)]
+
+    def view(self, node: str) -> "World":
+        """The world as the scheduler gathers it for one node (upstream's GatherPools): the
+        slices that target the node (its name, all nodes, a nodeSelector that matches its
+        labels, a device of a per-device slice that does), per pool the newest generation
+        among those; a pool the node sees only part of is complete if the other nodes' slices
+        of that generation make up the count, obsolete (left out) if some slice is newer, and
+        incomplete otherwise. A pool moving to a new generation can thus serve one node from
+        its old slices while another has the new ones."""
+        if node not in self._views:
+            view = World(classes=self.classes, claims=self.claims, namespaces=self.namespaces,
+                         allocatable=self.allocatable, labels=self.labels,
+                         slice_objects=self.slice_objects, rule_objects=self.rule_objects)
+            _add_slices(view, self.slice_objects, node)
+            _apply_taint_rules(view, self.rule_objects)
+            self._views[node] = view
+        return self._views[node]
 
     def holders(self, skip_uid: str | None = None) -> dict[str, list[Holder]]:
         """device key -> the allocation results of other claims on it (admin access aside:
@@ -218,45 +247,160 @@ def build(objects: Iterable[dict]) -> World:
         elif kind == "Node":
             world.allocatable[name] = {k: str(v) for k, v in
                                        ((obj.get("status") or {}).get("allocatable") or {}).items()}
+            world.labels[name] = dict((obj.get("metadata") or {}).get("labels") or {})
+    world.slice_objects, world.rule_objects = slices, rules
     _add_slices(world, slices)
     _apply_taint_rules(world, rules)
     return world
 
 
-def _add_slices(world: World, slices: list[dict]) -> None:
-    newest: dict[tuple[str, str], int] = {}
+def _pool_key(obj: dict) -> tuple[str, str]:
+    spec = obj.get("spec") or {}
+    return spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+
+
+def _generation(obj: dict) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation", 0))
+
+
+def _slice_count(obj: dict) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1))
+
+
+def node_matches(node: str, labels: dict[str, str] | None, name: str | None, all_nodes: bool,
+                 selector: dict | None) -> bool | None:
+    """Whether a slice's (or a device's) node fields select the node; None when nothing
+    selects (no field set). A nodeSelector on a node whose labels are unknown matches."""
+    if name:
+        return name == node
+    if all_nodes:
+        return True
+    if selector is not None:
+        return True if labels is None else selector_matches(selector, node, labels)
+    return None
+
+
+def selector_matches(selector: dict, node: str, labels: dict[str, str]) -> bool:
+    """A core/v1 NodeSelector: its terms ORed, a term's requirements ANDed; a term with no
+    requirement matches nothing."""
+    for term in selector.get("nodeSelectorTerms") or []:
+        expressions = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not expressions and not fields:
+            continue
+        if all(_requirement(r, labels) for r in expressions) and \
+                all(_requirement(r, {"metadata.name": node}) for r in fields):
+            return True
+    return False
+
+
+def _requirement(req: dict, values: dict[str, str]) -> bool:
+    key, op, wanted = req.get("key", ""), req.get("operator", ""), req.get("values") or []
+    have = values.get(key)
+    if op == "In":
+        return have is not None and have in wanted
+    if op == "NotIn":
+        return have is None or have not in wanted
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt"):
+        try:
+            left, right = int(have or ""), int(wanted[0])
+        except (ValueError, IndexError):
+            return False
+        return left > right if op == "Gt" else left < right
+    return False
+
+
+def _gather(world: World, slices: list[dict], node: str) -> tuple[list[dict], list[dict], set]:
+    """(the slices the scheduler uses on the node, the other slices of those pools' chosen
+    generation, the pools it finds incomplete)."""
+    labels = world.labels.get(node)
+    relevant: dict[tuple[str, str], list[dict]] = {}
     for obj in slices:
         spec = obj.get("spec") or {}
-        pool = spec.get("pool") or {}
-        key = (spec.get("driver", ""), pool.get("name", ""))
-        newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
-    seen: dict[tuple[str, str], int] = {}
-    expected: dict[tuple[str, str], int] = {}
+        match = node_matches(node, labels, spec.get("nodeName"), bool(spec.get("allNodes")),
+                             spec.get("nodeSelector"))
+        if match is None and spec.get("perDeviceNodeSelection"):
+            match = any(node_matches(node, labels, d.get("nodeName"), bool(d.get("allNodes")),
+                                     d.get("nodeSelector")) for d in spec.get("devices") or [])
+        if not match:
+            continue
+        key = _pool_key(obj)
+        held = relevant.get(key)
+        if held is None or _generation(obj) > _generation(held[0]):
+            relevant[key] = [obj]
+        elif _generation(obj) == _generation(held[0]):
+            held.append(obj)
+    chosen: list[dict] = []
+    others: list[dict] = []
+    incomplete: set = set()
+    for key, found in relevant.items():
+        generation, expected = _generation(found[0]), _slice_count(found[0])
+        if len(found) == expected:
+            chosen += found
+            continue
+        pool = [o for o in slices if _pool_key(o) == key]
+        if any(_generation(o) > generation for o in pool):
+            continue  # obsolete on this node: a newer generation is being published
+        same = [o for o in pool if _generation(o) == generation]
+        if len(same) != expected:
+            incomplete.add(key)
+            continue
+        chosen += found
+        others += [o for o in same if not any(o is f for f in found)]
+    return chosen, others, incomplete
+
+
+def _add_slices(world: World, slices: list[dict], node: str | None = None) -> None:
+    """The devices, counter sets and unusable pools of `slices`: for one node as the scheduler
+    gathers them there (see World.view), or, without a node, for the whole cluster (each
+    pool's newest generation; what explain lists nodes and notes from)."""
+    others: list[dict] = []
+    if node is None:
+        newest: dict[tuple[str, str], int] = {}
+        for obj in slices:
+            newest[_pool_key(obj)] = max(newest.get(_pool_key(obj), 0), _generation(obj))
+        slices = [o for o in slices if _generation(o) == newest[_pool_key(o)]]  # older: ignored
+        seen: dict[tuple[str, str], int] = {}
+        expected: dict[tuple[str, str], int] = {}
+        for obj in slices:
+            seen[_pool_key(obj)] = seen.get(_pool_key(obj), 0) + 1
+            expected[_pool_key(obj)] = _slice_count(obj)
+        incomplete = {key for key, count in seen.items() if count != expected[key]}
+        for key in sorted(incomplete):
+            count = (f"{seen[key]} of {expected[key]} slices" if seen[key] < expected[key] else
+                     f"{seen[key]} slices (it announces {expected[key]})")
+            world.notes.append(f"pool {key[1]} of {key[0]}: {count} of its newest generation seen (being "
+                               "updated): the scheduler allocates none of its devices until it is complete")
+    else:
+        slices, others, incomplete = _gather(world, slices, node)
+    for key in sorted(incomplete):
+        _unusable(world, *key, "incomplete")
     pool_nodes: dict[tuple[str, str], set | None] = {}
     # The scheduler visits pools by driver and name, a pool's slices by name, a slice's
     # devices in order: the first fitting devices it meets are the ones it picks.
-    slices = sorted(slices, key=lambda o: ((o.get("spec") or {}).get("driver", ""),
-                                           ((o.get("spec") or {}).get("pool") or {}).get("name", ""),
-                                           (o.get("metadata") or {}).get("name", "")))
-    for obj in slices:
+    def order(o: dict) -> tuple[str, str, str]:
+        return _pool_key(o) + ((o.get("metadata") or {}).get("name", ""),)
+
+    for obj in sorted(slices, key=order) + sorted(others, key=order):
+        targets = not any(obj is o for o in others)
         spec = obj.get("spec") or {}
-        pool = spec.get("pool") or {}
-        driver, pool_name = spec.get("driver", ""), pool.get("name", "")
+        driver, pool_name = _pool_key(obj)
         slice_name = (obj.get("metadata") or {}).get("name", "?")
-        if int(pool.get("generation", 0)) != newest[(driver, pool_name)]:
-            continue  # an older generation: the scheduler ignores it
-        seen[(driver, pool_name)] = seen.get((driver, pool_name), 0) + 1
-        expected[(driver, pool_name)] = int(pool.get("resourceSliceCount", 1))
-        node = spec.get("nodeName")
-        nodes = pool_nodes.setdefault((driver, pool_name), set())
-        if nodes is not None:
-            if node is None:
-                pool_nodes[(driver, pool_name)] = None
-            else:
-                nodes.add(node)
-        if node is None and spec.get("nodeSelector"):
-            world.notes.append(f"slice {slice_name}: its nodeSelector is not evaluated; its "
-                               "devices are counted on every node")
+        slice_node = spec.get("nodeName")
+        if targets:
+            nodes = pool_nodes.setdefault((driver, pool_name), set())
+            if nodes is not None:
+                if slice_node is None:
+                    pool_nodes[(driver, pool_name)] = None
+                else:
+                    nodes.add(slice_node)
+        if node is None and slice_node is None and spec.get("nodeSelector") and not world.labels:
+            world.notes.append(f"slice {slice_name}: its nodeSelector is not evaluated (no Node objects); "
+                               "its devices are counted on every node")
         for counter_set in spec.get("sharedCounters") or []:
             if (driver, pool_name, counter_set["name"]) in world.counter_sets:
                 _unusable(world, driver, pool_name, f"invalid: counter set {counter_set['name']} is defined twice")
@@ -268,20 +412,30 @@ def _add_slices(world: World, slices: list[dict]) -> None:
             consumes = {use["counterSet"]: {k: _value(v.get("value"), f"device {raw.get('name')}")
                                             for k, v in (use.get("counters") or {}).items()}
                         for use in body.get("consumesCounters") or []}
-            world.devices.append(PoolDevice(
+            device_node = body.get("nodeName", slice_node)
+            here = targets
+            if node is not None and targets:
+                if spec.get("perDeviceNodeSelection"):
+                    here = bool(node_matches(node, world.labels.get(node), body.get("nodeName"),
+                                             bool(body.get("allNodes")), body.get("nodeSelector")))
+                device_node = node  # gathered for this node
+            device = PoolDevice(
                 driver=driver, pool=pool_name, name=raw.get("name", "?"),
-                node=body.get("nodeName", node), slice=slice_name,
+                node=device_node, slice=slice_name,
                 attributes=dict(body.get("attributes") or {}),
                 capacity={k: v for k, v in (body.get("capacity") or {}).items() if isinstance(v, dict)},
                 taints=tuple(body.get("taints") or ()),
                 multiple=bool(body.get("allowMultipleAllocations")),
-                consumes=consumes))
+                consumes=consumes)
+            (world.devices if here else world.elsewhere).append(device)
     names: dict[tuple[str, str], set[str]] = {}
     for device in world.devices:
         pool = (device.driver, device.pool)
         if device.name in names.setdefault(pool, set()):
             _unusable(world, *pool, f"invalid: device {device.name} is listed twice")
         names[pool].add(device.name)
+    for device in world.devices + world.elsewhere:
+        pool = (device.driver, device.pool)
         for counter_set, counters in device.consumes.items():
             total = world.counter_sets.get((device.driver, device.pool, counter_set))
             if total is None:
@@ -291,12 +445,6 @@ def _add_slices(world: World, slices: list[dict]) -> None:
                 _unusable(world, *pool, f"invalid: device {device.name} consumes counter "
                                         f"{sorted(set(counters) - set(total))[0]} of set {counter_set}, "
                                         "which the set does not define")
-    for key, count in seen.items():
-        if count < expected[key]:
-            world.notes.append(f"pool {key[1]} of {key[0]}: {count} of {expected[key]} slices of "
-                               "its newest generation seen (being updated): the scheduler "
-                               "allocates none of its devices until it is complete")
-            _unusable(world, *key, "incomplete")
     for key, (why, _) in list(world.unusable_pools.items()):
         nodes = pool_nodes.get(key)
         world.unusable_pools[key] = (why, None if nodes is None else frozenset(nodes))

@@ -94,6 +94,51 @@ class Counters:
                 used[counter] = used.get(counter, Decimal(0)) + value
 
 
+MAX_INT64 = 2**63 - 1
+
+
+def capacity_error(capacity: dict[str, dict], requests: dict) -> str | None:
+    """The scheduler's fatal error for a capacity request on a device, or None: it aborts
+    the allocation (not skips the device) when a request, or the step it rounds up to, is
+    beyond int64 in the device's range arithmetic, or when what would be consumed is
+    negative. A request for a capacity the device lacks only skips it. (k8s.io/
+    dynamic-resource-allocation v0.37, integer range arithmetic: DRAFractionalCapacityRange
+    off.)"""
+    if set(requests) - set(capacity):
+        return None
+    for name in sorted(capacity):
+        entry = capacity[name]
+        policy = entry.get("requestPolicy") or {}
+        bounds = policy.get("validRange") or {}
+        if name not in requests:
+            consumed = quantity.value(policy["default"] if policy.get("default") is not None else entry["value"])
+        else:
+            text = str(requests[name])
+            consumed = quantity.value(text)
+            if bounds.get("min") is not None and bounds.get("step") and consumed >= quantity.value(bounds["min"]):
+                problem = _range_overflow(consumed, bounds, quantity.canonical(text))
+                if problem:
+                    return f'capacity "{name}": capacity request cannot be represented in the device\'s range arithmetic: {problem}'
+        if consumed < 0:
+            return f'capacity "{name}": capacity value is negative'
+    return None
+
+
+def _range_overflow(requested: Decimal, bounds: dict, text: str) -> str | None:
+    if requested > MAX_INT64:
+        return f"request {text} exceeds MaxInt64"
+    # Quantity.Value() rounds up to an integer
+    as_int = int(requested.to_integral_value(rounding=ROUND_CEILING))
+    low = int(quantity.value(bounds["min"]).to_integral_value(rounding=ROUND_CEILING))
+    step = int(quantity.value(bounds["step"]).to_integral_value(rounding=ROUND_CEILING))
+    if step <= 0:
+        return None
+    steps = -(-(as_int - low) // step)
+    if low >= 0 and steps > (MAX_INT64 - low) // step:
+        return f"rounding request {text} up to the next step passes MaxInt64"
+    return None
+
+
 def _round(amount: Decimal, policy: dict) -> Decimal | None:
     """KEP-5075: raised to min, rounded up to min + n*step or the next valid value."""
     if policy.get("validValues"):
@@ -220,6 +265,11 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
                 if not (device.name in shares.capacity and device.name in shares.used) and \
                         not counters.fits(device.name):
                     continue  # its counters are taken by what was allocated before
+                problem = capacity_error(
+                    shares.capacity.get(device.name) or {k: {"value": str(v)} for k, v in device.capacity.items()},
+                    requests)
+                if problem:  # the scheduler stops here, whatever the other devices offer
+                    raise Unsatisfiable(f"request {name}: checking capacity for device {device.name}: {problem}")
                 if device.name in shares.capacity:
                     amount = shares.amount(device.name, requests)
                     if amount is None:
