@@ -29,6 +29,7 @@ INTENT = {
     "mig": ("a100-mig", {"mig"}),
     "fpga-by-shell": ("alveo", {"fpga"}),
     "sriov-vf-rdma": ("sriov", {"nic"}),
+    "nic-in-pod": ("sriov", {"nic"}),
     "prioritized-gpu": ("l4", {"gpu"}),
     "gpu-timeslicing": ("mixed", {"gpu"}),
     "gpu-mps-shared-claim": ("mixed", {"gpu"}),
@@ -37,6 +38,9 @@ INTENT = {
 }
 # Examples that need the driver's --mig-mode dynamic.
 DYNAMIC_MIG = {"mig-dynamic"}
+# Examples whose NicConfig only the driver's NRI plugin can carry out (addresses, MTU,
+# routes): prepare refuses them on a node without it, as the demo's is.
+NEEDS_NRI = {"nic-in-pod"}
 CLAIM_KINDS = {"ResourceClaim", "ResourceClaimTemplate"}
 
 

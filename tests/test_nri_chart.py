@@ -40,3 +40,17 @@ def test_another_socket_path_is_mounted_by_its_directory() -> None:
 def test_nri_without_privileges_is_refused_at_render() -> None:
     with pytest.raises(Exception, match="nri.enabled needs privileged: true"):
         render({"nri": {"enabled": True}, "privileged": False})
+
+
+def test_a_runtime_that_keeps_namespaces_elsewhere_gets_that_directory_mounted() -> None:
+    dirs = ["/var/run/netns", "/run/containerd/io.containerd.grpc.v1.cri/netns"]
+    _, mounts, volumes = plugin_container(render({"nri": {"enabled": True, "netnsDirs": dirs}}))
+    for path in dirs:
+        assert mounts[path]["mountPropagation"] == "HostToContainer"
+        assert volumes[mounts[path]["name"]]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+
+
+@pytest.mark.parametrize("dirs", [[], ["relative/netns"], ["/var/run/netns/"], ["/a", "/a"]])
+def test_bad_namespace_directories_are_refused(dirs) -> None:
+    with pytest.raises(Exception, match="netnsDirs"):
+        render({"nri": {"enabled": True, "netnsDirs": dirs}})

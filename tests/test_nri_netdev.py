@@ -159,7 +159,8 @@ def test_a_missing_interface_or_namespace_is_one_clear_error(host, pods, tmp_pat
                                           "not on the host"):
         mover.attach(placement(pods()))
     host.add_nic("enp65s0f0v0")
-    with pytest.raises(NetdevError, match="network namespace /var/run/netns/nope"):
+    with pytest.raises(NetdevError, match="network namespace /var/run/netns/nope: No such file or "
+                                          r"directory \(.*chart value nri.netnsDirs\)"):
         mover.attach(placement("/var/run/netns/nope"))
     assert not os.path.exists("/var/run/netns/nope")  # looked up, never created
     assert link(host.path, "enp65s0f0v0") is not None

@@ -30,17 +30,19 @@ import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import structlog
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from driver.nri import rdma
 from driver.state import atomic
 
 log = structlog.get_logger("driver.nri.netdev")
 
 RECORD_VERSION = 1
+T = TypeVar("T")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 IFF_UP = 0x1
 
@@ -73,6 +75,7 @@ class Placement:
     pod: str  # namespace/name, for messages
     netns: str
     config: InterfaceConfig = field(default_factory=InterfaceConfig)
+    rdma_device: str | None = None  # the netdev's RDMA device (mlx5_3), if it has one
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class Record:
     state: str  # "moving" (written before the move) | "moved"
     network: dict | None = None
     version: int = RECORD_VERSION
+    # the RDMA device that goes with the netdev (the RDMA subsystem in exclusive netns
+    # mode); None: it stays (shared mode, or none)
+    rdma_device: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> "Record":
@@ -126,32 +132,41 @@ def _setns(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def made_in(netns: str | None, make: Callable[[], T]) -> T:
+    """`make()` (a socket) with this thread switched into `netns` (a path:
+    /var/run/netns/x, /proc/PID/ns/net; None: ours) for the moment of its creation: a
+    socket stays in the namespace it was made in. That is pyroute2's own netns= way
+    without its fork of the whole process, which costs twice the time and forks a process
+    that holds gRPC's threads. A missing namespace is an error, never created (pyroute2's
+    netns= would create it)."""
+    if not netns:
+        return make()
+    target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target)
+        try:
+            return make()
+        finally:
+            _setns(own)  # raises if this thread cannot get home: never carry on there
+    finally:
+        os.close(target)
+        os.close(own)
+
+
 @contextmanager
 def netlink(netns: str | None) -> Iterator[IPRoute]:
-    """A netlink socket in `netns` (a path: /var/run/netns/x, /proc/PID/ns/net) or in
-    ours (None). The socket is made with this thread switched into the namespace for
-    the moment of its creation (a socket stays in the namespace it was made in). That
-    is pyroute2's own netns= way without its fork of the whole process, which costs
-    twice the time and forks a process that holds gRPC's threads. A missing namespace
-    is an error, never created (pyroute2's netns= would create it)."""
-    if not netns:
-        ipr = IPRoute()
-    else:
-        target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(target)
-            try:
-                ipr = IPRoute()
-            finally:
-                _setns(own)  # raises if this thread cannot get home: never carry on there
-        finally:
-            os.close(target)
-            os.close(own)
+    """A netlink (route) socket in `netns` (see made_in)."""
+    ipr = made_in(netns, IPRoute)
     try:
         yield ipr
     finally:
         ipr.close()
+
+
+def rdma_netlink(netns: str | None) -> rdma.RdmaNetlink:
+    """An RDMA netlink socket in `netns` (see made_in); RdmaError where the kernel has none."""
+    return made_in(netns, rdma.RdmaNetlink.open)
 
 
 def _link(ipr: IPRoute, name: str | None = None, mac: str | None = None) -> dict | None:
@@ -198,13 +213,29 @@ class NetdevMover:
 
     def __init__(self, records: Path, host_netns: str | None = None,
                  recreate: Callable[[HostSettings], None] | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None,
+                 rdma_open: Callable[[str | None], rdma.RdmaNetlink] = rdma_netlink) -> None:
         self.records = records
+        self.rdma_open = rdma_open
+        self._rdma_mode: str | None = None
         # Where our NICs live when no pod has them: the driver's namespace (None) on a
         # real node, the namespace the mock owns in mock mode.
         self.host_netns = host_netns
         self.recreate = recreate
         self.owner = owner
+
+    def rdma_mode(self) -> str:
+        """The host's RDMA netns mode, read once: "exclusive", or "shared" (also where the
+        kernel has no RDMA netlink: then there are no RDMA devices to move)."""
+        if self._rdma_mode is None:
+            try:
+                with self.rdma_open(self.host_netns) as nl:
+                    self._rdma_mode = nl.netns_mode()
+            except (rdma.RdmaError, OSError) as err:
+                log.info("rdma_netlink_unavailable", error=str(err))
+                self._rdma_mode = rdma.SHARED
+            log.info("rdma_netns_mode", mode=self._rdma_mode)
+        return self._rdma_mode
 
     def _path(self, pod_uid: str, device: str) -> Path:
         return self.records / record_name(pod_uid, device)
@@ -248,17 +279,21 @@ class NetdevMover:
             settings = HostSettings(name=placement.host_ifname, mtu=link["mtu"],
                                     addresses=_addresses(host, link["index"]),
                                     up=link["up"], mac=link["mac"])
+            rdma_device = placement.rdma_device if placement.rdma_device and \
+                self.rdma_mode() == rdma.EXCLUSIVE else None
             record = Record(claim_uid=placement.claim_uid, device=placement.device,
                             pod_uid=placement.pod_uid, pod=placement.pod,
                             netns=placement.netns, pod_ifname=pod_ifname, host=settings,
-                            state="moving")
+                            state="moving", rdma_device=rdma_device)
             self._save(record)  # before anything changes: a crash from here on is undone
             try:
                 fd = _namespace_fd(placement.netns)
             except OSError as err:
                 atomic.remove(path)
+                hint = (" (the driver sees only the namespace directories mounted into it: chart "
+                        "value nri.netnsDirs)" if err.errno == errno.ENOENT else "")
                 raise NetdevError(f"claim {placement.claim_uid}: pod {placement.pod}: network "
-                                  f"namespace {placement.netns}: {err.strerror}") from err
+                                  f"namespace {placement.netns}: {err.strerror}{hint}") from err
             try:
                 if link["up"]:
                     host.link("set", index=link["index"], state="down")
@@ -274,6 +309,8 @@ class NetdevMover:
                                   ) from err
             finally:
                 os.close(fd)
+        if record.rdma_device:
+            self._move_rdma(placement, record)
         try:
             network = self._configure_in_pod(placement, record)
         except (NetlinkError, ValueError, NetdevError) as err:
@@ -287,6 +324,23 @@ class NetdevMover:
         self._save(record)
         log.info("nic_moved_into_pod", interface=pod_ifname, ips=list(network.ips), **fields)
         return network
+
+    def _move_rdma(self, placement: Placement, record: Record) -> None:
+        """The netdev's RDMA device into the pod too (exclusive mode): without it verbs and
+        RoCE in the pod see no device."""
+        try:
+            fd = _namespace_fd(placement.netns)
+            try:
+                with self.rdma_open(self.host_netns) as nl:
+                    nl.move(record.rdma_device, fd)
+            finally:
+                os.close(fd)
+        except (rdma.RdmaError, OSError) as err:
+            self.detach(placement.pod_uid, placement.device)
+            raise NetdevError(f"claim {placement.claim_uid}: device {placement.device}: moving RDMA "
+                              f"device {record.rdma_device} into pod {placement.pod}: {err}") from err
+        log.info("rdma_device_moved_into_pod", rdma_device=record.rdma_device, claim=placement.claim_uid,
+                 device=placement.device, pod=placement.pod)
 
     def _configure_in_pod(self, placement: Placement, record: Record) -> NetworkData:
         config = placement.config
@@ -333,20 +387,37 @@ class NetdevMover:
             fd = None  # the namespace is gone: the kernel decided where the netdev went
         if fd is not None:
             try:
-                with netlink(record.netns) as pod_ns:
-                    link = _link(pod_ns, record.pod_ifname, record.host.mac) or \
-                        _link(pod_ns, mac=record.host.mac)
-                    if link is not None:
-                        with open(self.host_netns or "/proc/self/ns/net", "rb") as host_fd:
-                            pod_ns.link("set", index=link["index"], state="down")
-                            pod_ns.link("set", index=link["index"], net_ns_fd=host_fd.fileno(),
-                                        ifname=record.host.name)
-            except (NetlinkError, OSError) as err:
-                log.warning("nic_return_from_pod_failed", device=record.device,
-                            pod=record.pod, netns=record.netns, error=str(err))
+                self._return_netdev(record)
+                if record.rdma_device:
+                    self._return_rdma(record)
             finally:
                 os.close(fd)
+        # (a namespace that is gone has handed its RDMA devices back to the initial one)
         self._restore_on_host(record)
+
+    def _return_netdev(self, record: Record) -> None:
+        try:
+            with netlink(record.netns) as pod_ns:
+                link = _link(pod_ns, record.pod_ifname, record.host.mac) or \
+                    _link(pod_ns, mac=record.host.mac)
+                if link is not None:
+                    with open(self.host_netns or "/proc/self/ns/net", "rb") as host_fd:
+                        pod_ns.link("set", index=link["index"], state="down")
+                        pod_ns.link("set", index=link["index"], net_ns_fd=host_fd.fileno(),
+                                    ifname=record.host.name)
+        except (NetlinkError, OSError) as err:
+            log.warning("nic_return_from_pod_failed", device=record.device,
+                        pod=record.pod, netns=record.netns, error=str(err))
+
+    def _return_rdma(self, record: Record) -> None:
+        try:
+            with self.rdma_open(record.netns) as nl, \
+                    open(self.host_netns or "/proc/self/ns/net", "rb") as host_fd:
+                if record.rdma_device in nl.devices():
+                    nl.move(record.rdma_device, host_fd.fileno())
+        except (rdma.RdmaError, OSError) as err:
+            log.warning("rdma_return_from_pod_failed", rdma_device=record.rdma_device, device=record.device,
+                        pod=record.pod, netns=record.netns, error=str(err))
 
     def _restore_on_host(self, record: Record) -> None:
         host_settings = record.host

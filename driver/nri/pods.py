@@ -38,6 +38,7 @@ class Wanted:
     device: str
     host_ifname: str
     config: InterfaceConfig
+    rdma_device: str | None = None
 
 
 def interface_config(config: opaque.NicConfig) -> InterfaceConfig:
@@ -53,6 +54,7 @@ class NicPods:
     records: Callable[[], Iterable[ClaimRecord]]  # the prepared claims, from the checkpoint
     interface_of: Callable[[str], str | None]  # our device name -> its host interface
     status: NetworkConditions | None = None
+    rdma_of: Callable[[str], str | None] = lambda _: None  # our device name -> its RDMA device
 
     def wanted(self, pod: api.PodSandbox) -> list[Wanted]:
         out = []
@@ -72,7 +74,7 @@ class NicPods:
                     raise NetdevError(f"claim {ref}: device {prepared.device} has no network "
                                       "interface on this node")
                 out.append(Wanted(ref, prepared.pool, prepared.device, ifname,
-                                  interface_config(config)))
+                                  interface_config(config), self.rdma_of(prepared.device)))
         return out
 
     async def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
@@ -91,7 +93,8 @@ class NicPods:
         for want in wanted:
             data = self.mover.attach(Placement(
                 claim_uid=want.ref.uid, device=want.device, host_ifname=want.host_ifname,
-                pod_uid=pod.uid, pod=name, netns=netns, config=want.config))
+                pod_uid=pod.uid, pod=name, netns=netns, config=want.config,
+                rdma_device=want.rdma_device))
             if self.status is not None:
                 self.status.moved(want.ref, want.pool, want.device, data, name)
 

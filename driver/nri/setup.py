@@ -73,8 +73,15 @@ def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[],
                 return device.net_interface
         return None
 
+    def rdma_of(name: str) -> str | None:
+        for device in inventory().devices:
+            if device.name == name:
+                value = device.attributes.get("rdmaDevice")
+                return str(value) if value else None
+        return None
+
     nics = NicPods(mover, records, interface_of,
-                   NetworkConditions(status) if status is not None else None)
+                   NetworkConditions(status) if status is not None else None, rdma_of)
     plugin = NriPlugin(NriOptions(socket=socket), nics)
     if metrics is not None:
         def observe(event: str, seconds: float, failed: bool) -> None:

@@ -35,12 +35,18 @@ class Example:
     # the pods' commands end (restartPolicy Never: Succeeded) or sleep (Running)
     finishes: bool = True
     mps: bool = False  # an MPS control daemon pod runs our image
+    nri: bool = False  # the driver's NRI plugin moves the pod's NIC (values: nri.enabled)
 
 
 EXAMPLES = {
     "sriov-vf-rdma": Example("sriov", {"sriov-vf-rdma": [
         r"^DRA_NIC_\w+_IFNAME=\S+$", r"^DRA_NIC_\w+_RDMA_DEVICE=mlx5_\d+$",
         r"^DRA_NIC_\w+_PCI_BUS_ID=[0-9a-f:.]+$", r"^NCCL_IB_HCA=auto$", r"^rdma_cm$", r"^uverbs\d+$"]}),
+    # the VF moved into the pod as net1 by the driver's NRI plugin, with the claim's address,
+    # MTU and route, seen with `ip` from inside
+    "nic-in-pod": Example("sriov", {"nic-in-pod": [
+        r"net1\s+inet 10\.99\.1\.5/24", r"net1: .*mtu 1400", r"^10\.99\.0\.0/16 via 10\.99\.1\.1"]},
+        values={"nri": {"enabled": True}}, nri=True),
     # busybox stand-ins under the vendor images' names (hack/local-cluster/cluster.py)
     "gpu-single": Example("mixed", {"gpu-single": [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$",
                                                    r"\s/dev/nvidia\d+$", r"\s/dev/nvidiactl$"]}),
@@ -153,6 +159,8 @@ def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, req
                      extra_env={"MOCK_PROFILE": ex.profile}).start()
     try:
         drv.wait_ready()
+        if ex.nri:
+            drv.wait_log("nri_synchronized", 30)
         cluster.kubectl("create", "namespace", ns)
         # explain's verdict first, from what the cluster has before the example: each claim
         # or template that a pod of the example uses must fit, as the scheduler then finds
