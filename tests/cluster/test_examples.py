@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pytest
 import yaml
@@ -36,6 +37,12 @@ class Example:
     finishes: bool = True
     mps: bool = False  # an MPS control daemon pod runs our image
     nri: bool = False  # the driver's NRI plugin moves the pod's NIC (values: nri.enabled)
+    # The examples that run PyTorch (`python -c "import torch…"`) need NVIDIA's image and a
+    # real GPU; here their claims and pods run as written with only the container's
+    # command swapped for one the busybox stand-in can run, printing what torch would
+    # (which GPUs the container got)
+    command: tuple[str, ...] | None = None
+    verify: Callable[[object, str], None] | None = None  # (cluster, the pod's logs)
 
 
 EXAMPLES = {
@@ -47,6 +54,14 @@ EXAMPLES = {
     "nic-in-pod": Example("sriov", {"nic-in-pod": [
         r"net1\s+inet 10\.99\.1\.5/24", r"net1: .*mtu 1400", r"^10\.99\.0\.0/16 via 10\.99\.1\.1"]},
         values={"nri": {"enabled": True}}, nri=True),
+    # the H100 of >= 80 GB the CEL selector asks for: the GPU in the container is one
+    # (its UUID looked up in the slices)
+    "gpu-by-model": Example("h100x8", {"gpu-by-model": [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$"]},
+                            command=("sh", "-c", "env | grep ^DRA_GPU_ | sort"),
+                            verify=lambda cluster, logs: _an_h100_of_80g(cluster, logs)),
+    # both GPUs of the claim in one container, as `torch.cuda.device_count()` would say
+    "gpu-two": Example("mixed", {"gpu-two": [r"^2 GPUs$"]},
+                       command=("sh", "-c", "echo $(env | grep -c '^DRA_GPU_.*_UUID=') GPUs")),
     # busybox stand-ins under the vendor images' names (hack/local-cluster/cluster.py)
     "gpu-single": Example("mixed", {"gpu-single": [GPU_UUID, r"^DRA_GPU_\w+_REQUEST=gpu$",
                                                    r"\s/dev/nvidia\d+$", r"\s/dev/nvidiactl$"]}),
@@ -83,6 +98,28 @@ EXAMPLES = {
         pod: [r"^pipe=/tmp/nvidia-mps$", r"^control$"] for pod in ("mps-client-a", "mps-client-b")},
         finishes=False, mps=True),
 }
+
+
+def _an_h100_of_80g(cluster, logs: str) -> None:
+    from tests.cluster.workloads import slice_device
+
+    (uuid_,) = [line.split("=", 1)[1] for line in logs.splitlines() if re.match(GPU_UUID, line)]
+    devices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    (name,) = [d["name"] for s in devices for d in s["spec"].get("devices") or []
+               if (d.get("attributes") or {}).get("uuid", {}).get("string") == uuid_]
+    device = slice_device(cluster, name)
+    assert device["attributes"]["productName"]["string"].startswith("NVIDIA H100"), device
+    from driver.kube.quantity import value
+    assert value(device["capacity"]["memory"]["value"]) >= 80 * 10**9, device
+
+
+def with_command(manifest: str, command: tuple[str, ...]) -> str:
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    for d in docs:
+        if d["kind"] == "Pod":
+            for c in d["spec"]["containers"]:
+                c["command"] = list(command)
+    return yaml.safe_dump_all(docs, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +190,8 @@ def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, req
         values["mps"] = {"image": request.getfixturevalue("driver_image")}
     objects = install(cluster, values) if ex.values or ex.mps else chart
     manifest = (REPO / "examples" / example / "claim.yaml").read_text()
+    if ex.command:
+        manifest = with_command(manifest, ex.command)
     assert set(pods_of(manifest)) >= set(ex.expect), pods_of(manifest)
     ns = f"ex-{example}-{uuid.uuid4().hex[:6]}"[:63]
     drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
@@ -205,6 +244,8 @@ def check_pods(cluster, drv: HostDriver, ns: str, ex: Example) -> None:
         want = "Succeeded" if ex.finishes else "Running"
         logs = wait_logs(cluster, ns, name, expected, 30 if pod["status"]["phase"] == want else 0)
         assert pod["status"]["phase"] == want, f"{pod['status']}\n{logs}"
+        if ex.verify is not None:
+            ex.verify(cluster, logs)
         # each claim the resourceclaim controller made from a template (named
         # <pod>-<podClaimName>-<suffix>) was prepared by our driver, and so was each
         # claim the pod names; once the pod is done the controller deletes the
