@@ -52,7 +52,7 @@ EXAMPLES = {
     # the VF moved into the pod as net1 by the driver's NRI plugin, with the claim's address,
     # MTU and route, seen with `ip` from inside
     "nic-in-pod": Example("sriov", {"nic-in-pod": [
-        r"net1\s+inet 10\.99\.1\.5/24", r"net1: .*mtu 1400", r"^10\.99\.0\.0/16 via 10\.99\.1\.1"]},
+        r"net1\s+inet 10\.99\.1\.5/24", r"net1(@\S+)?: .*mtu 1400", r"^10\.99\.0\.0/16 via 10\.99\.1\.1"]},
         values={"nri": {"enabled": True}}, nri=True),
     # the H100 of >= 80 GB the CEL selector asks for: the GPU in the container is one
     # (its UUID looked up in the slices)
