@@ -193,8 +193,9 @@ def cluster_objects(kube, namespace: str, nodes: bool = False) -> tuple[list[dic
     except ApiError as err:
         notes.append(f"namespace {namespace} not readable ({err}); admin access is not checked")
     # Node labels decide where a slice's nodeSelector puts its devices
-    nodes = nodes or any((o.get("spec") or {}).get("nodeSelector") or (o.get("spec") or {}).get("perDeviceNodeSelection")
-                         for o in objects if o.get("kind") == "ResourceSlice")
+    nodes = nodes or any(
+        (o.get("spec") or {}).get("nodeSelector") or (o.get("spec") or {}).get("perDeviceNodeSelection")
+        for o in objects if o.get("kind") == "ResourceSlice")
     if nodes:
         try:
             objects += listed("/api/v1/nodes", "Node")
