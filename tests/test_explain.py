@@ -410,6 +410,36 @@ def test_against_a_cluster_through_a_kubeconfig(published, tmp_path):
         assert code == 2 and "no ResourceClaim or ResourceClaimTemplate 'absent' in namespace team-a" in err
 
 
+def test_against_a_cluster_a_slices_node_selector_is_judged_on_the_nodes_labels(tmp_path):
+    """A network-attached device (a slice with a nodeSelector): explain reads the cluster's
+    Nodes and counts it only where their labels match, as the scheduler does."""
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "fabric", "operator": "In",
+                                                             "values": ["a"]}]}]}
+    with ApiServer() as api:
+        api.state.slices["nas"] = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "nas"},
+            "spec": {"driver": DRIVER, "pool": {"name": "fabric-a", "generation": 1, "resourceSliceCount": 1},
+                     "nodeSelector": selector, "devices": [{"name": "dev-0"}]}}
+        api.state.slices["local"] = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "local"},
+            "spec": {"driver": "other.example.com", "pool": {"name": "node-b", "generation": 1,
+                                                             "resourceSliceCount": 1},
+                     "nodeName": "node-b", "devices": [{"name": "local-0"}]}}
+        api.put_object("deviceclasses", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                         "metadata": {"name": "nas"}, "spec": {"selectors": [
+                                             {"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
+        api.add_node("node-a", labels={"fabric": "a"})
+        api.add_node("node-b", labels={"fabric": "b"})
+        api.put_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "nas", "namespace": "default", "uid": "u-1"},
+                       "spec": {"devices": {"requests": [{"name": "d", "exactly": {"deviceClassName": "nas"}}]}}})
+        code, out, err = run("nas", "--kubeconfig", str(api.kubeconfig(tmp_path)), "-o", "json")
+        assert code == 0, err
+        verdicts = {n["node"]: n["fits"] for n in json.loads(out)["claims"][0]["nodes"]}
+        assert verdicts == {"node-a": True, "node-b": False}, out
+        assert ("list", "", "nodes") in api.state.access
+
+
 def test_the_installed_command_runs_as_the_readme_shows():
     done = subprocess.run([sys.executable, "-m", "driver", "explain", "-f",
                            str(REPO / "examples" / "gpu-nic-aligned" / "claim.yaml"), "--mock", "h100x8"],

@@ -168,9 +168,11 @@ class ApiServer:
         return path
 
     # -- test helpers ----------------------------------------------------------------------
-    def add_node(self, name: str) -> dict:
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 allocatable: dict[str, str] | None = None) -> dict:
         node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "uid": str(uuid.uuid4())}}
+                "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": dict(labels or {})},
+                "status": {"allocatable": dict(allocatable or {})}}
         with self.state.lock:
             self.state.nodes[name] = node
         return node
@@ -452,6 +454,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {"major": str(major), "minor": str(minor),
                                     "gitVersion": f"v{major}.{minor}.0"})
         self._record(method, url.path, query)
+        if method == "GET" and url.path == "/api/v1/nodes":
+            with self.state.lock:
+                items = copy.deepcopy(list(self.state.nodes.values()))
+            return self._send(200, {"apiVersion": "v1", "kind": "NodeList", "items": items,
+                                    "metadata": {"resourceVersion": str(self.state.resource_version)}})
         if m := _NODE.match(url.path):
             node = self.state.nodes.get(m.group(1))
             return self._send(200, node) if node else self._status(404, "node not found", "NotFound")
@@ -547,7 +554,9 @@ class _Handler(BaseHTTPRequestHandler):
             "DRAResourceClaimGranularStatusAuthorization", True)
 
     def _record(self, method: str, path: str, query: dict) -> None:
-        if _NODE.match(path):
+        if path == "/api/v1/nodes":
+            access = ("list", "", "nodes")
+        elif _NODE.match(path):
             access = ("get" if method == "GET" else method.lower(), "", "nodes")
         elif m := _PODS.match(path):
             verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
