@@ -34,10 +34,13 @@ from driver import logs
 from driver.sim.apiserver import ApiServer
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--runs", type=int, default=200,
+                        help="prepares measured for each latency figure (and its floor); more "
+                             "runs steady the p99 (default: 200)")
+    parser.add_argument("--idle-seconds", type=float, default=30.0,
+                        help="how long the idle driver's CPU is sampled (default: 30)")
     parser.add_argument("--quick", action="store_true", help="fewer runs, 5 s idle (smoke test)")
     parser.add_argument("--startup-only", action="store_true", help="the baselines and start-up alone")
     parser.add_argument("--idle-large", type=float, metavar="SECONDS", default=0.0,
@@ -45,7 +48,11 @@ def main() -> int:
     parser.add_argument("--against", type=Path, metavar="CHECKOUT",
                         help="only prepare latency, throughput, CPU and RSS, alternating with the driver "
                              "of another source tree (git worktree add /tmp/old REV)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     logs.configure("console", "warning")
     if args.quick:
         args.runs, args.idle_seconds = 30, 5.0

@@ -200,10 +200,16 @@ def rows(table: Table, label: str, f: Figures) -> None:
     table.value(f"throughput: 64 concurrent 1-claim requests ({label})", f"{f.concurrent:.0f} claims/s")
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m bench.realapi", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
-    args = parser.parse_args()
+    parser.add_argument("--runs", type=int, default=200,
+                        help="prepares measured against each API server (the real one and the "
+                             "emulator) for each figure (default: 200)")
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     if os.geteuid() != 0:
         print("bench.realapi: needs root (the local cluster's kubelet, containerd, mounts)", file=sys.stderr)
         return 2

@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--mock: how whole GPUs are published (the driver's --gpu-sharing)")
     parser.add_argument("--mig-mode", choices=("static", "dynamic"), default="static",
                         help="--mock: the driver's --mig-mode")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table: per node, the verdict and why, for people; json: the same "
+                             "for tools (the fields are in docs/explain.md)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="colour the table (auto: on a terminal, unless NO_COLOR is set)")
 

@@ -197,5 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the GPU's MPS directory (pipe/, log/ below it)")
     parser.add_argument("--nvidia-driver-root", default="/",
                         help="the NVIDIA driver installation that has nvidia-cuda-mps-control")
-    parser.add_argument("--active-thread-percentage", type=int, default=None)
+    parser.add_argument("--active-thread-percentage", type=int, default=None,
+                        help="the server's default CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the claim's "
+                             "mpsConfig); unset: MPS's own default, 100")
     parser.add_argument("--pinned-memory-limit", default=None, help="a quantity, e.g. 20Gi")
