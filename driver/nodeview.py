@@ -164,6 +164,12 @@ def main(config: Config, output: str) -> int:
         print(f"dra-driver status: {problem}", file=sys.stderr)
     if output == "json":
         sys.stdout.write(json.dumps([asdict(r) for r in found], indent=2) + "\n")
+    elif not found:
+        # A header over nothing reads as "status is broken"; say what was looked at instead,
+        # as kubectl says "No resources found".
+        where = f"--mock {config.mock.name}" if config.mock else f"--sysfs-root {config.sysfs_root}"
+        print(f"dra-driver status: no GPU, FPGA or NIC found on node {config.node_name} ({where}); "
+              "`dra-driver discover` lists what it sees and what it left out", file=sys.stderr)
     else:
         sys.stdout.write(table(found))
     return 0

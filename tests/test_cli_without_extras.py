@@ -41,4 +41,13 @@ def test_explain_without_cel_python_says_what_it_needs_in_one_line():
     done = cli("explain", "-f", "examples/gpu-single/claim.yaml", "--mock", "mixed")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "dra-driver explain: needs cel-python (celpy is not installed): pip install 'dra-accel-driver[demo]'"]
+        "dra-driver explain: needs cel-python (celpy is not installed), the [demo] extra: "
+        "pip install -e '.[demo]' in the checkout, or pip install 'cel-python>=0.5'"]
+
+
+def test_demo_without_cel_python_gives_the_same_hint_as_explain():
+    done = cli("demo", "--claim", "examples/gpu-single/claim.yaml")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "dra-driver demo: needs cel-python (celpy is not installed), the [demo] extra: "
+        "pip install -e '.[demo]' in the checkout, or pip install 'cel-python>=0.5'"]

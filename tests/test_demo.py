@@ -27,12 +27,12 @@ def test_demo_runs():
     assert "talking v1.DRAPlugin" in out
     assert "published 11 devices in 3 ResourceSlices" in out
     # GPUs are published as consumable: a claim that asks for no capacity gets all of it.
-    assert ("allocated: gpu -> gpu-0000-11-00-0 (share compute 0, memory 79Gi), "
+    assert ("allocated: gpu -> gpu-0000-11-00-0 (share: no compute reserved, memory 79Gi), "
             "nic -> nic-0000-12-00-0") in out, "aligned on pci0000:10"
     assert "allocated: fpga -> fpga-0000-31-00-1" in out
     # Two claims packed onto the other GPU, each with its own limits.
-    assert "allocated: gpu -> gpu-0000-21-00-0 (share compute 30, memory 20Gi)" in out
-    assert "allocated: gpu -> gpu-0000-21-00-0 (share compute 50, memory 30Gi)" in out
+    assert "allocated: gpu -> gpu-0000-21-00-0 (share: compute 30%, memory 20Gi)" in out
+    assert "allocated: gpu -> gpu-0000-21-00-0 (share: compute 50%, memory 30Gi)" in out
     assert "unprepared 5 claims; CDI specs left: 0" in out
     for limit in ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M"):

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from driver.publish import deviceclasses
+from driver import needs_demo_extra
+from driver.publish import deviceclasses, slices
 
 from driver.kube import quantity
 from driver.demo import podman
@@ -165,6 +166,7 @@ class Demo:
     claims: list[DemoClaim] = field(default_factory=list)
     extra_classes: dict[str, list[str]] = field(default_factory=dict)
     from_file: bool = False
+    claim_file: Path | None = None  # --claim FILE, for the hints of a claim that does not fit
     # /tmp/dra-demo-<pid>-*: a container's rootfs is in it, which says whose container it is.
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix=f"dra-demo-{os.getpid()}-",
                                                                      dir="/tmp")))
@@ -302,6 +304,7 @@ class Demo:
                     skipped: list[str] = []
                     placed: dict[str, set[str]] = {}  # claim -> its devices
                     problems: list[str] = []
+                    unplaced: list[str] = []  # claims of --claim FILE that did not fit
                     for claim in self.claims:
                         if claim.instead_of and ran & set(claim.instead_of):
                             continue
@@ -315,8 +318,9 @@ class Demo:
                                          f"its file expects: {error}")
                                 continue
                             if self.from_file:
-                                problems.append(f"claim {claim.name} cannot be allocated on profile "
-                                                f"{self.profile}: {error}")
+                                unplaced.append(f"claim {claim.name} cannot be allocated on profile "
+                                                f"{self.profile}: {error}; "
+                                                + self.where_it_fits(spec, classes, allocate, Unsatisfiable))
                                 self.out(f"\n== claim {claim.name}: {claim.what}\n   not allocated: {error}")
                             elif not claim.instead_of and self.profile in claim.fits.split(", "):
                                 # Meant for this profile, yet it does not fit (another
@@ -355,7 +359,7 @@ class Demo:
                         mode = " with --mig-mode dynamic" if self.mig_mode == "dynamic" else ""
                         self.out(f"\n== not on profile {self.profile}{mode}: {', '.join(skipped)}")
                     self.out("")
-                    if not ran:
+                    if not ran and not unplaced:
                         problems.append(f"no claim fits profile {self.profile}")
                     unprepared = 0
                     for ref in list(prepared):
@@ -379,10 +383,12 @@ class Demo:
                         problems.append(f"the driver exited with code {code}: {self.driver_error()}")
                     if left:
                         problems.append(f"CDI specs left behind: {', '.join(left)}")
-                    for problem in problems:
+                    for problem in unplaced + problems:
                         self.err(f"dra-driver demo: {problem}")
+                    # A claim that does not fit is the claim's story, told above; the
+                    # driver's log only matters when the driver or a prepare failed.
                     keep_log = bool(problems)
-                    return 1 if problems else 0
+                    return 1 if problems or unplaced else 0
                 finally:
                     # Interrupted or failed: every step bounded, so that the demo ends within seconds.
                     if kubelet is not None and prepared:
@@ -402,6 +408,35 @@ class Demo:
                 self.err(f"dra-driver demo: driver log kept in {self.log_file}")
             else:
                 shutil.rmtree(self.work, ignore_errors=True)
+
+    def where_it_fits(self, spec: dict, classes: dict, allocate, Unsatisfiable) -> str:
+        """Where to go from a claim that does not fit: explain's command for the why, and
+        the built-in profiles whose node (as the demo publishes it) can hold the claim."""
+        from driver.devices.mock import builtin_profiles
+        from driver.explain.sources import mock_objects
+
+        fits = []
+        for profile in builtin_profiles():
+            # sriov-large is sriov at scale (2,048 VFs): its fake tree alone takes ~1 min to
+            # build, for an answer the sriov profile gives.
+            if profile in (self.profile, "sriov-large"):
+                continue
+            stored = [o for o in mock_objects(profile, self.driver, slices.CONSUMABLE, self.mig_mode)
+                      if o.get("kind") == "ResourceSlice"]
+            inventory, shares, counters, taints = _inventory_from_slices(stored, self.driver)
+            try:
+                allocate(spec, inventory, classes, self.driver, set(), shares, counters, taints,
+                         order=_scheduler_order(stored))
+            except Unsatisfiable:
+                continue
+            fits.append(profile)
+        file = self.claim_file or "FILE"
+        mode = " --mig-mode dynamic" if self.mig_mode == "dynamic" else ""
+        why = f"`dra-driver explain -f {file} --mock {self.profile}{mode}` says why"
+        if not fits:
+            return f"{why}; no built-in profile can hold it"
+        return (f"{why}; it fits profile{'s' if len(fits) > 1 else ''} {', '.join(fits)} "
+                f"(`dra-driver demo --claim {file} --profile {fits[0]}{mode}`)")
 
     def show(self, rootfs: Path | None, ref, cdi_ids: list[str], problems: list[str], name: str) -> None:
         if rootfs is not None:
@@ -475,7 +510,9 @@ def _main(profile: str, driver: str, out: Callable[[str], None], claim_file: Pat
     try:
         from driver.scheduling.allocator import Unsatisfiable, allocate, allocation_config, allocation_results
     except ImportError as error:
-        err(f"dra-driver demo: the demo needs the [demo] extra (cel-python): pip install '.[demo]' ({error})")
+        if error.name not in ("celpy", "lark"):
+            raise
+        err(needs_demo_extra("demo", error.name))
         return EXIT_USAGE
     from driver.devices.mock import ProfileError
     from driver.devices.mock import load as load_profile
@@ -494,6 +531,7 @@ def _main(profile: str, driver: str, out: Callable[[str], None], claim_file: Pat
             return EXIT_USAGE
 
     demo = Demo(profile, driver, out, err, claims, classes, from_file=claim_file is not None,
+                claim_file=claim_file,
                 cdi_root=cdi_root or SYSTEM_CDI, mig_mode=mig_mode)
     return demo.run(Unsatisfiable, allocate, allocation_config, allocation_results)
 
@@ -508,10 +546,18 @@ def _beside(claim: DemoClaim, placed: dict[str, set[str]]) -> str:
 
 
 def _share(result: dict) -> str:
+    """' (share: compute 30%, memory 20Gi)'. A claim that asked for no compute reserves none
+    (its default is 0), which 'compute 0' would have read as a share of nothing."""
     consumed = result.get("consumedCapacity")
     if not consumed:
         return ""
-    return " (share " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+    parts = []
+    for key, value in sorted(consumed.items()):
+        if key == "compute":
+            parts.append("no compute reserved" if quantity.value(value) == 0 else f"compute {value}%")
+        else:
+            parts.append(f"{key} {value}")
+    return " (share: " + ", ".join(parts) + ")"
 
 
 def _scheduler_order(stored: list[dict]) -> list[str]:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from driver import needs_demo_extra
+
 if TYPE_CHECKING:
     from driver.explain import engine, sources
     from driver.explain import world as w
@@ -68,8 +70,7 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
     except ImportError as error:
         if error.name not in ("celpy", "lark"):
             raise
-        print(f"dra-driver explain: needs cel-python ({error.name} is not installed): "
-              "pip install 'dra-accel-driver[demo]'", file=err)
+        print(needs_demo_extra("explain", error.name), file=err)
         return EXIT_USAGE
 
     try:
@@ -121,8 +122,15 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
         # DeviceClasses and Nodes of the file take part; its claims are not allocations.
         objects += [o for o in claim_objects if o.get("kind") in ("DeviceClass", "Node")]
     elif offline:
+        # Name what was searched: a mock node holds devices, never claims, and a user who
+        # gave only --mock needs to hear that the claim comes with -f.
+        searched = " and ".join(([f"--mock {args.mock}"] if args.mock else [])
+                                + [f"--slices {p}" for p in args.slices])
+        hint = ("" if args.slices else
+                "; --mock gives devices only: name the claim's file with -f FILE "
+                "(e.g. -f examples/gpu-single/claim.yaml)")
         claims = sources.pick(sources.claims_in(objects, "files", namespace), args.claim,
-                              args.namespace, "the --slices files")
+                              args.namespace, searched, hint=hint)
     else:
         kube = _kube(args.kubeconfig)
         claims = [sources.cluster_claim(kube, args.claim, namespace)]

@@ -126,7 +126,8 @@ def _allocated_node(allocation: dict) -> str | None:
     return "a node" if allocation else None
 
 
-def pick(claims: list[Claim], name: str | None, namespace: str | None, where: str) -> list[Claim]:
+def pick(claims: list[Claim], name: str | None, namespace: str | None, where: str,
+         hint: str = "") -> list[Claim]:
     if name is None:
         if not claims:
             raise SourceError(f"{where}: no ResourceClaim or ResourceClaimTemplate in it")
@@ -137,7 +138,8 @@ def pick(claims: list[Claim], name: str | None, namespace: str | None, where: st
     if not chosen:
         known = ", ".join(sorted({c.name for c in claims})) or "none"
         raise SourceError(f"{where}: no ResourceClaim or ResourceClaimTemplate {name!r}"
-                          f"{f' in namespace {namespace}' if namespace else ''} (claims there: {known})")
+                          f"{f' in namespace {namespace}' if namespace else ''} (claims there: {known})"
+                          f"{hint}")
     return chosen[:1]
 
 
