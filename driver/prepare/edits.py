@@ -18,6 +18,10 @@ class EditsError(ValueError):
     pass
 
 
+# NVIDIA's container runtime and hook select GPUs by this variable (see build()).
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
 def env_prefix(device_name: str) -> str:
     """`gpu-0000-17-00-0` -> `DRA_GPU_0000_17_00_0`: unique per node, so two devices in one
     container never overwrite each other's variables."""
@@ -58,6 +62,13 @@ def build(
 
     if device.kind in (DeviceKind.GPU, DeviceKind.MIG):
         env.append(f"{prefix}_UUID={device.attributes.get('uuid', '')}")
+        # Where nvidia-container-runtime is the node's runtime (the GPU operator's setup),
+        # it reads NVIDIA_VISIBLE_DEVICES from the spec the CDI edits produced and injects
+        # those GPUs on top; every CUDA image sets it to `all`, which would hand the
+        # container every GPU of the node. `void` (CDI's env edit replaces the image's
+        # value) makes it inject nothing, as NVIDIA's own DRA driver does
+        # (docs/migrating-from-device-plugin.md; tests/test_nvidia_ctk.py).
+        env.append(f"{VISIBLE_DEVICES}=void")
         # Control nodes are node-wide; nvidia-uvm exists only once the module is loaded.
         nodes += [n for n in CONTROL_NODES if Path(host_path(dev_root, n)).exists()]
         mounts = driver_mounts

@@ -265,6 +265,11 @@ class MpsDaemons:
                         {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True},
                         *chroot_mounts,
                     ],
+                    # Under nvidia-container-runtime a variable set to anything but
+                    # `void` (an image's `all`) makes it inject GPUs; this pod sees its
+                    # GPU as privileged and needs nothing injected
+                    # (docs/migrating-from-device-plugin.md).
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
                 }],
                 "volumes": [
                     {"name": "mps", "hostPath": {"path": str(paths.root), "type": "Directory"}},

@@ -7,6 +7,8 @@
 #   bin/containerd-<CONTAINERD_VERSION>/{containerd,containerd-shim-runc-v2,ctr}
 #   bin/runc-<RUNC_VERSION>/runc
 #   bin/cni-<CNI_PLUGINS_VERSION>/{bridge,host-local,loopback}
+#   bin/nvidia-container-toolkit-<NVIDIA_CONTAINER_TOOLKIT_VERSION>/{nvidia-ctk,
+#       nvidia-container-runtime,nvidia-cdi-hook,libnvidia-ml.so.1 (a mock node's NVML)}
 #   the driver's image, as two layer tars in ~/.cache/dra-local-cluster/driver-image
 #   (image.sh: debootstrap + requirements.lock + this checkout's package; needs debootstrap)
 # The Go module and build caches stay where `go env GOMODCACHE GOCACHE` says (outside the
@@ -131,6 +133,33 @@ build_cni() {
     "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION"
 }
 
+# --- NVIDIA Container Toolkit and a native NVML for mock nodes -------------------------------
+# nvidia-ctk, nvidia-container-runtime, nvidia-cdi-hook at the pinned tag, and
+# libnvidia-ml.so.1 (a mock node's NVML, for nvidia-ctk) from
+# hack/nvidia-toolkit/fakenvml.c, built against the nvml.h of the
+# go-nvml version that tag requires (so its declarations are the ones nvidia-ctk was built with).
+build_nvidia_toolkit() {
+  local v=$NVIDIA_CONTAINER_TOOLKIT_VERSION out="$here/bin/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSION"
+  local src="$here/../nvidia-toolkit/fakenvml.c" stamp gomod nvml_version nvml_dir
+  stamp="$v-$(sha256sum "$src" | cut -c1-16)-$(go env GOVERSION)"
+  if [ -x "$out/nvidia-ctk" ] && [ -f "$out/libnvidia-ml.so.1" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "nvidia container toolkit $v is up to date ($out)"; return
+  fi
+  command -v cc >/dev/null || { echo "build.sh: the NVIDIA toolkit needs a C compiler (cgo)" >&2; exit 3; }
+  mkdir -p "$out"
+  GOBIN="$out" CGO_ENABLED=1 timed "nvidia container toolkit $v" go install -ldflags "-s -w" \
+    "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk@$v" \
+    "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime@$v" \
+    "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$v"
+  gomod=$(cd "$out" && GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/nvidia-container-toolkit@$v" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  nvml_version=$(awk '$1 == "github.com/NVIDIA/go-nvml" {print $2; exit}' "$gomod")
+  nvml_dir=$(cd "$out" && GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/go-nvml@$nvml_version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  cc -O2 -Wall -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -I"$nvml_dir/pkg/nvml" \
+    -o "$out/libnvidia-ml.so.1" "$src" 2>&1 | grep -v -e DEPRECATED -e 'note:' -e '^ ' >&2 || true
+  [ -f "$out/libnvidia-ml.so.1" ] || { echo "build.sh: fakenvml.c did not compile" >&2; exit 3; }
+  echo "$stamp" > "$out/.stamp"
+}
+
 # --- the driver's image (pods that run our code: the MPS control daemon) -------------------
 build_image() {
   timed "driver image" "$here/image.sh" >/dev/null
@@ -143,6 +172,7 @@ case "$what" in
   runc) build_runc ;;
   cni) build_cni ;;
   image) build_image ;;
-  all) build_containerd; build_runc; build_cni; build_k8s; build_image ;;
-  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|image]" >&2; exit 2 ;;
+  nvidia-toolkit) build_nvidia_toolkit ;;
+  all) build_containerd; build_runc; build_cni; build_k8s; build_nvidia_toolkit; build_image ;;
+  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|nvidia-toolkit|image]" >&2; exit 2 ;;
 esac

@@ -78,7 +78,13 @@ NVIDIA_STAND_IN_IMAGES = ["nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
                           # gpu-shared's first container: `sh -c "nvidia-smi -L; sleep infinity"`
                           "nvcr.io/nvidia/tritonserver:24.05-py3"]
 NVIDIA_ENV = ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64"]
+              "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+              # What every CUDA image sets; nvidia-container-runtime injects every GPU of
+              # the node for it unless a CDI spec says `void` (tests/cluster/test_nvidia_runtime.py).
+              "NVIDIA_VISIBLE_DEVICES=all"]
+# The runtime handler `nvidia`: NVIDIA's nvidia-container-runtime (build.sh nvidia-toolkit)
+# in CDI mode over our runc, as the GPU operator configures containerd on a GPU node.
+NVIDIA_RUNTIME_HANDLER = "nvidia"
 # The beta DRA features the driver uses, on explicitly (on by default in 1.37; alpha in
 # 1.34). The GA ones (DynamicResourceAllocation, DRAResourceClaimDeviceStatus, ...) are on
 # by default and locked.
@@ -105,7 +111,7 @@ def versions() -> dict[str, str]:
         capture_output=True, text=True).stdout
     env = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
     return {k: env[k] for k in ("KUBERNETES_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION",
-                                "CNI_PLUGINS_VERSION")}
+                                "CNI_PLUGINS_VERSION", "NVIDIA_CONTAINER_TOOLKIT_VERSION")}
 
 
 def minor(version: str) -> int:
@@ -391,6 +397,10 @@ class Cluster:
     @property
     def cni_bin(self) -> Path:
         return HERE / "bin" / f"cni-{self.vers['CNI_PLUGINS_VERSION']}"
+
+    @property
+    def nvidia_toolkit_bin(self) -> Path:
+        return HERE / "bin" / f"nvidia-container-toolkit-{self.vers['NVIDIA_CONTAINER_TOOLKIT_VERSION']}"
 
     @property
     def logs(self) -> Path:
@@ -707,6 +717,35 @@ class Cluster:
         conds = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
         return conds.get("Ready", {}).get("status") == "True"
 
+    def _nvidia_runtime(self) -> str:
+        """containerd's `nvidia` handler, where build.sh built the toolkit: a wrapper that
+        points nvidia-container-runtime at its own config (CDI mode, this cluster's CDI
+        folder, our runc underneath) rather than /etc's."""
+        runtime = self.nvidia_toolkit_bin / "nvidia-container-runtime"
+        if not runtime.exists():
+            return ""
+        d = self.root / "nvidia-container-runtime"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.toml").write_text(f"""[nvidia-container-runtime]
+debug = '{self.logs / "nvidia-container-runtime.log"}'
+log-level = 'debug'
+mode = 'cdi'
+runtimes = ['{self.runc}']
+[nvidia-container-runtime.modes.cdi]
+default-kind = 'nvidia.com/gpu'
+spec-dirs = ['{self.cdi_dir}']
+annotation-prefixes = ['cdi.k8s.io/']
+[nvidia-ctk]
+path = '{self.nvidia_toolkit_bin / "nvidia-ctk"}'
+""")
+        wrapper = d / "nvidia-container-runtime"
+        wrapper.write_text(f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH='{d / 'config.toml'}' exec '{runtime}' \"$@\"\n")
+        wrapper.chmod(0o755)
+        table = f"plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{NVIDIA_RUNTIME_HANDLER}"
+        return (f"      [{table}]\n        runtime_type = 'io.containerd.runc.v2'\n"
+                f"        [{table}.options]\n          BinaryName = '{wrapper}'\n"
+                f"          SystemdCgroup = false\n")
+
     def _containerd_config(self) -> None:
         c = self.root / "containerd"
         (c / "config.toml").write_text(f"""version = 3
@@ -741,7 +780,7 @@ state = '{c / "state"}'
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '{self.runc}'
           SystemdCgroup = false
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
+{self._nvidia_runtime()}    [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['{self.cni_bin}']
       conf_dir = '{self.root / "cni" / "net.d"}'
 
