@@ -413,7 +413,7 @@ class Demo:
         """Where to go from a claim that does not fit: explain's command for the why, and
         the built-in profiles whose node (as the demo publishes it) can hold the claim."""
         from driver.devices.mock import builtin_profiles
-        from driver.explain.sources import mock_objects
+        from driver.publish.mocknode import mock_objects
 
         fits = []
         for profile in builtin_profiles():

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from driver.prepare.opaque import API_VERSION
+from driver.scheduling import claimspec
 
 
 EXPECT_ANNOTATION = "accel.dra.io/demo-expect"  # "pending": the claim is meant not to fit
@@ -112,6 +113,13 @@ def from_file(path: Path) -> tuple[list[DemoClaim], dict[str, list[str]]]:
             raise ClaimFileError(f"--claim {path}: document {index + 1} is not an object")
         kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", f"document-{index + 1}")
         spec = doc.get("spec") or {}
+        if kind in claimspec.CLAIM_KINDS:
+            # As the API server takes it (v1beta1 and v1beta2 converted to v1), or its error.
+            try:
+                converted = claimspec.convert(doc)
+            except claimspec.ClaimSpecError as err:
+                raise ClaimFileError(f"--claim {path}: {err}") from None
+            spec = converted.spec if kind == "ResourceClaim" else {**spec, "spec": converted.spec}
         annotations = (doc.get("metadata") or {}).get("annotations") or {}
         pending = annotations.get(EXPECT_ANNOTATION) == "pending"
         if kind == "ResourceClaim":
@@ -121,6 +129,10 @@ def from_file(path: Path) -> tuple[list[DemoClaim], dict[str, list[str]]]:
             claims.append(DemoClaim(name, f"ResourceClaimTemplate from {path.name}",
                                     spec.get("spec") or {}, expect_pending=pending))
         elif kind == "DeviceClass":
+            try:
+                claimspec.check_class(doc)
+            except claimspec.ClaimSpecError as err:
+                raise ClaimFileError(f"--claim {path}: {err}") from None
             classes[name] = [s["cel"]["expression"] for s in spec.get("selectors") or [] if "cel" in s]
     if not claims:
         raise ClaimFileError(f"--claim {path}: no ResourceClaim or ResourceClaimTemplate in it")

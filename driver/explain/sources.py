@@ -14,16 +14,16 @@ cluster), or every claim of `-f FILE`.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from driver.publish import deviceclasses, slices
+from driver.publish import mocknode
 from driver.demo.claims import yaml_problem
+from driver.scheduling import claimspec
 
-MOCK_NODE = "mock-node"
+MOCK_NODE = mocknode.MOCK_NODE
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 
@@ -67,38 +67,25 @@ def read_objects(path: Path, option: str) -> list[dict]:
         for item in items or []:
             if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict):
                 raise SourceError(f"{option} {path}: document {index + 1}: an item without metadata")
+            if item.get("kind") == "DeviceClass":
+                # The server compiles a class's selectors when it is written: reported once,
+                # here, not as an error on each device the class is tried on.
+                try:
+                    claimspec.check_class(item)
+                except claimspec.ClaimSpecError as err:
+                    raise SourceError(f"{option} {path}: {err}") from None
             objects.append(item)
     return objects
 
 
-def class_objects(driver: str) -> list[dict]:
-    """The chart's DeviceClasses (deviceclasses.py is what the chart renders)."""
-    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-             "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
-            for name, expressions in deviceclasses.all_classes(driver).items()]
-
-
 def mock_objects(profile: str, driver: str, gpu_sharing: str, mig_mode: str) -> list[dict]:
-    from driver.devices import mock
-    from driver.devices.discovery import discover
-
     try:
-        loaded = mock.load(profile)
-    except (OSError, ValueError) as err:
-        raise SourceError(f"--mock {profile}: {err}") from None
-    with tempfile.TemporaryDirectory(prefix="dra-explain-") as scratch:
-        node = mock.build(loaded, Path(scratch) / "mock")
-        sources = node.sources()
-        result = discover(type(sources)(sources.sysfs, sources.proc, sources.nvml, sources.nic_filter,
-                                        sources.pci_ids, mig_mode))
-    return inventory_objects(result.inventory, driver, gpu_sharing)
+        return mocknode.mock_objects(profile, driver, gpu_sharing, mig_mode)
+    except mocknode.MockNodeError as err:
+        raise SourceError(str(err)) from None
 
 
-def inventory_objects(inventory, driver: str, gpu_sharing: str = slices.EXCLUSIVE) -> list[dict]:
-    """What a node with this inventory publishes (as `dra-driver run` would, one pool on
-    node mock-node), with the chart's DeviceClasses."""
-    pool = slices.PoolIdentity(driver, MOCK_NODE)
-    return slices.build(inventory, pool, generation=1, sharing=gpu_sharing) + class_objects(driver)
+inventory_objects = mocknode.inventory_objects
 
 
 def claims_in(objects: list[dict], origin: str, default_namespace: str) -> list[Claim]:
@@ -107,10 +94,18 @@ def claims_in(objects: list[dict], origin: str, default_namespace: str) -> list[
         if obj.get("kind") not in CLAIM_KINDS:
             continue
         meta = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        if obj["kind"] == "ResourceClaimTemplate":
-            spec = spec.get("spec") or {}
         allocation = (obj.get("status") or {}).get("allocation") or {}
+        # Judged as the API server takes it (v1beta1 and v1beta2 converted to v1): a claim
+        # it refuses is that refusal, never "fits". An allocated claim only holds devices
+        # here, whatever its spec says (our API emulator's are bare).
+        try:
+            spec = claimspec.convert(obj).spec
+        except claimspec.ClaimSpecError as err:
+            if not allocation:
+                raise SourceError(f"{origin}: {err}") from None
+            spec = obj.get("spec") or {}
+            if obj["kind"] == "ResourceClaimTemplate":
+                spec = spec.get("spec") or {}
         node = _allocated_node(allocation)
         found.append(Claim(obj["kind"], meta.get("namespace") or default_namespace,
                            meta.get("name", "?"), spec, meta.get("uid"), node, origin))

@@ -2038,7 +2038,7 @@ def _program(expression: str, variables: tuple[tuple[str, str], ...] = (("device
     try:
         tree = _parse(expression)
     except celpy.CELParseError as err:
-        raise CelError(expression, f"does not compile: {' '.join(str(err).split())}") from None
+        raise CelError(expression, _syntax_error(expression, err)) from None
     except Exception as err:  # noqa: BLE001 - a parser bug must not crash explain
         raise CelError(expression, f"does not compile: {err}") from None
     try:
@@ -2047,6 +2047,28 @@ def _program(expression: str, variables: tuple[tuple[str, str], ...] = (("device
         raise CelError(expression, f"compilation failed: {err}") from None
     except RecursionError:
         raise CelError(expression, "compilation failed: expression too deeply nested") from None
+
+
+def _syntax_error(expression: str, err) -> str:
+    """cel-go's layout (what the API server prints): the position, then the line with a
+    caret under it, so that a user sees where; celpy knows the position, not the words
+    ANTLR would have used for what it expected."""
+    line, column = getattr(err, "line", None), getattr(err, "column", None)
+    if not isinstance(line, int) or not isinstance(column, int):
+        return f"compilation failed: ERROR: <input>: Syntax error: {' '.join(str(err).split())}"
+    lines = expression.split("\n")
+    text = lines[line - 1] if 0 < line <= len(lines) else expression
+    return (f"compilation failed: ERROR: <input>:{line}:{column + 1}: Syntax error: unexpected input\n"
+            f" | {text}\n | {'.' * column}^")
+
+
+def check_selector(expression: str) -> None:
+    """What the API server checks of a selector when a claim or class is written: that it
+    compiles and returns a bool; CelError otherwise. Devices are not looked at."""
+    program = _program(expression)
+    if program.type not in (DYN, "bool"):
+        raise CelError(expression, f"must return a bool (compilation failed: must evaluate to bool or "
+                                   f"the unknown type, not {program.type})")
 
 
 def evaluate_value(expression: str, variables: dict | None = None, cost_limit: int | None = None):
@@ -2068,10 +2090,7 @@ def evaluate_value(expression: str, variables: dict | None = None, cost_limit: i
 
 def evaluate(expression: str, variables: dict) -> bool:
     """The selector's verdict; CelError when Kubernetes would report a CEL error."""
-    program = _program(expression)
-    if program.type not in (DYN, "bool"):
-        raise CelError(expression, f"must return a bool (compilation failed: must evaluate to bool or "
-                                   f"the unknown type, not {program.type})")
+    check_selector(expression)
     result = evaluate_value(expression, variables)
     if not isinstance(result, bool):
         raise CelError(expression, f"must return a bool, returned {_type_name(result)} "
