@@ -59,6 +59,12 @@ BAD = {
     "bool as int": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": 1},
     "rdma null": {"apiVersion": V, "kind": "NicConfig", "rdma": None},
     "interface too long": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16},
+    # Issue 38: a claim's env comes after the driver's and would undo NVIDIA_VISIBLE_DEVICES=void
+    # (every GPU of the node under NVIDIA's runtime) or an MPS share's limits.
+    "env NVIDIA_VISIBLE_DEVICES": {"apiVersion": V, "kind": "GpuConfig", "env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+    "env NVIDIA_VISIBLE_DEVICES on a NIC": {"apiVersion": V, "kind": "NicConfig",
+                                            "env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+    "env CUDA_MPS_": {"apiVersion": V, "kind": "GpuConfig", "env": {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}},
     "interface slash": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "net/1"},
     "interface empty": {"apiVersion": V, "kind": "NicConfig", "interfaceName": ""},
     "interface number": {"apiVersion": V, "kind": "NicConfig", "interfaceName": 1},

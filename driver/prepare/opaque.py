@@ -269,6 +269,13 @@ def _env(kind: str, env: Any) -> dict[str, str]:
 
 def _fields(where: str, value: Any, known: type) -> dict:
     """A nested object: a map with only the dataclass's fields; null means absent."""
+        # A claim's env is applied after the driver's: NVIDIA_VISIBLE_DEVICES=all would
+        # undo the `void` that keeps NVIDIA's container runtime from adding every GPU of
+        # the node, and CUDA_MPS_* would replace a share's limits and its pipe directory.
+        if key == "NVIDIA_VISIBLE_DEVICES" or key.startswith("CUDA_MPS_"):
+            raise ConfigDecodeError(f"{kind}.env.{key}: set by the driver (NVIDIA_VISIBLE_DEVICES keeps "
+                                    "NVIDIA's runtime to the claim's GPUs; CUDA_MPS_* carry an MPS "
+                                    "share's limits)")
     if not isinstance(value, dict):
         raise ConfigDecodeError(f"{where} must be an object, got {value!r}")
     unknown = sorted(set(value) - set(known.__dataclass_fields__))
