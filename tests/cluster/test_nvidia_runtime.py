@@ -21,7 +21,7 @@ import yaml
 from driver.devices import mock
 from driver.devices.mock import nativenvml
 from tests.cluster.driverhost import DRIVER, HostDriver, install
-from tests.cluster.workloads import allocated, apply, claim, get, namespace, wait
+from tests.cluster.workloads import apply, claim, get, namespace, wait
 
 PROFILE = "mixed"  # two H100s: /dev/nvidia0 and /dev/nvidia1
 CUDA_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"  # the stand-in, with NVIDIA's env
@@ -80,6 +80,7 @@ def test_a_cuda_image_under_nvidia_container_runtime_sees_only_its_claimed_gpu(c
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "one-gpu"}],
                     "containers": [{"name": "app", "image": CUDA_IMAGE,
                                     "command": ["sh", "-c", "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; "
+                                                "env | grep -E '^DRA_GPU_.*_PCI_BUS_ID='; "
                                                 "ls /dev | grep -E '^nvidia[0-9]+$'"],
                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
     try:
@@ -90,10 +91,11 @@ def test_a_cuda_image_under_nvidia_container_runtime_sees_only_its_claimed_gpu(c
         status = get(cluster, ns, "pod", "cuda")["status"]
         logs = cluster.kubectl("logs", "-n", ns, "cuda").stdout
         assert status["phase"] == "Succeeded", (status, logs)
-        (result,) = allocated(get(cluster, ns, "resourceclaim", "one-gpu"))
-        (minor,) = [g.minor for g in nvidia_node.library.gpus
-                    if "gpu-" + g.bus_id.replace(":", "-").replace(".", "-") == result["device"]]
+        # The claim is deallocated once its pod has finished: the container says which GPU
+        # it was given (the driver's DRA_GPU_<BDF>_PCI_BUS_ID).
         lines = logs.split()
+        (bus_id,) = [line.split("=", 1)[1] for line in lines if line.startswith("DRA_GPU_")]
+        (minor,) = [g.minor for g in nvidia_node.library.gpus if g.bus_id.lower() == bus_id.lower()]
         assert "VISIBLE=void" in lines, logs
         assert [line for line in lines if line.startswith("nvidia")] == [f"nvidia{minor}"], logs
         # NVIDIA's runtime did run this container, and was asked for no device of its own
