@@ -173,9 +173,9 @@ def build_go_runtime(directory: Path) -> Path:
 class GoRuntime:
     """hack/nri-runtime as a child process: JSON commands in, JSON lines out."""
 
-    def __init__(self, binary: Path, socket: Path) -> None:
+    def __init__(self, binary: Path, socket: Path, args: tuple[str, ...] = ()) -> None:
         self.socket = socket
-        self.process = subprocess.Popen([str(binary), "-socket", str(socket)],
+        self.process = subprocess.Popen([str(binary), "-socket", str(socket), *args],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True, bufsize=1)
         self.events: list[dict] = []

@@ -42,6 +42,9 @@ class Recorder:
     async def remove_pod_sandbox(self, sandbox) -> None:
         self.calls.append(("remove", (sandbox.uid,)))
 
+    async def create_container(self, sandbox, container) -> None:
+        self.calls.append(("create", (sandbox.uid, container.name)))
+
 
 def options(socket: Path) -> NriOptions:
     return NriOptions(socket=socket, backoff_initial=0.05, backoff_max=0.2)
@@ -78,8 +81,10 @@ def test_register_configure_split_sync_and_pod_events(sock: Path) -> None:
         await asyncio.wait_for(plugin.ready.wait(), 5)
         assert [(r.plugin_name, r.plugin_idx) for r in runtime.registrations] == [
             ("dra-accel-driver", "10")]
+        # Bits 1-4: RunPodSandbox, StopPodSandbox, RemovePodSandbox, CreateContainer.
         assert runtime.subscribed == event_mask(
-            api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX) == 0b111
+            api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX,
+            api.CREATE_CONTAINER) == 0b1111
         # Three Synchronize messages (more, more, last) reach the handler as one list.
         assert events.calls == [("sync", ("a", "b", "c"))]
 
@@ -89,10 +94,16 @@ def test_register_configure_split_sync_and_pod_events(sock: Path) -> None:
                                 ("RemovePodSandbox", api.RemovePodSandboxRequest(pod=sandbox))]:
             answer = await runtime.call(method, message)
             assert (answer.code, answer.message) == (0, "")
+        answer = await runtime.call("CreateContainer", api.CreateContainerRequest(
+            pod=sandbox, container=api.Container(id="c1", name="main", pod_sandbox_id="sb-d")))
+        assert (answer.code, answer.message) == (0, "")
+        # No adjustment of the container: an empty CreateContainerResponse.
+        assert api.CreateContainerResponse.FromString(answer.payload) == \
+            api.CreateContainerResponse()
         assert events.calls[1:] == [("run", ("d", "/run/netns/d")), ("stop", ("d",)),
-                                    ("remove", ("d",))]
+                                    ("remove", ("d",)), ("create", ("d", "main"))]
         # Events it did not subscribe to are not served.
-        answer = await runtime.call("CreateContainer", api.CreateContainerRequest(pod=sandbox))
+        answer = await runtime.call("StartContainer", api.StartContainerRequest(pod=sandbox))
         assert answer.code == ttrpc.Code.UNIMPLEMENTED
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -168,3 +168,66 @@ def test_run_pod_sandbox_through_the_plugin_answers_in_time(host, pods, tmp_path
           f"p99 {cuts[98] * 1000:.1f} ms")
     assert max(times) < 1.5
     assert link(host.path, IFNAME) is not None
+
+
+def test_a_container_is_refused_until_its_pods_nic_is_in_the_pod(host, pods, tmp_path,
+                                                                 sock) -> None:
+    """The sandbox started while the plugin was away (the runtime starts it without an
+    unregistered plugin, and without one it closed after a timeout): its containers are
+    refused with one line until the NIC is in the pod, then created with it there."""
+    pod_ns = pods()
+    claims = [record(ADDRESSED)]
+    nics = NicPods(NetdevMover(tmp_path / "nri", host_netns=host.path, recreate=host.recreate),
+                   lambda: claims, {NIC: IFNAME}.get)
+    from driver._proto.nri.v1alpha1 import api_pb2 as api
+
+    sandbox = pod("u-1", pod_ns, namespace="ml", name="trainer")
+
+    def create(name: str) -> api.CreateContainerRequest:
+        return api.CreateContainerRequest(pod=sandbox, container=api.Container(
+            id=f"c-{name}", name=name, pod_sandbox_id=sandbox.id))
+
+    async def main() -> None:
+        runtime = FakeRuntime(sock)
+        await runtime.start()
+        plugin = NriPlugin(NriOptions(socket=sock), nics)
+        task = asyncio.create_task(plugin.run())
+        await asyncio.wait_for(plugin.ready.wait(), 10)
+        assert runtime.subscribed & (1 << (api.CREATE_CONTAINER - 1))
+        # The VF is not on the host (another pod still holds it, or it is gone).
+        answer = await runtime.call("CreateContainer", create("main"))
+        assert answer.code != 0
+        assert answer.message == (
+            "CreateContainer: container main of pod ml/trainer is not started without its "
+            f"NIC: claim c-1: device {NIC}: interface {IFNAME} is not on the host (is another "
+            "pod using it?)")
+        assert await asyncio.to_thread(link, pod_ns, "net1") is None
+
+        # Once it can be moved, the kubelet's retry is created with the NIC in the pod.
+        await asyncio.to_thread(host.add_nic, IFNAME)
+        answer = await runtime.call("CreateContainer", create("main"))
+        assert (answer.code, answer.message) == (0, "")
+        inside = await asyncio.to_thread(link, pod_ns, "net1")
+        assert inside is not None and inside["addresses"] == ["10.1.0.5/24"]
+        # The pod's next containers find it in place and move nothing.
+        times = []
+        for _ in range(20):
+            answer = await runtime.call("CreateContainer", create("sidecar"))
+            assert (answer.code, answer.message) == (0, "")
+            times.append(answer.seconds)
+        assert await asyncio.to_thread(link, pod_ns, "net1") == inside
+        cuts = statistics.quantiles(times, n=100)
+        print(f"CreateContainer with the NIC in place: p50 {cuts[49] * 1000:.1f} ms, "
+              f"max {max(times) * 1000:.1f} ms")
+        # A pod without NIC claims is never refused.
+        other = pod("u-2", await asyncio.to_thread(pods), namespace="ml", name="other")
+        answer = await runtime.call("CreateContainer", api.CreateContainerRequest(
+            pod=other, container=api.Container(id="c-x", name="x", pod_sandbox_id=other.id)))
+        assert (answer.code, answer.message) == (0, "")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runtime.stop()
+
+    asyncio.run(main())
+    asyncio.run(nics.stop_pod_sandbox(sandbox))
+    assert link(host.path, IFNAME) is not None

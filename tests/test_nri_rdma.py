@@ -8,6 +8,7 @@ real (real netdevs in real namespaces, as in test_nri_netdev.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 
@@ -131,14 +132,22 @@ class RdmaWorld:
 pytestmark_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 
+def rdma_mover(host, tmp_path, world: RdmaWorld) -> NetdevMover:
+    return NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
+
+
+def with_rdma(pod_ns: str):
+    """The test placement (VF enp65s0f0v0 as net1) with its RDMA device mlx5_3."""
+    return dataclasses.replace(placement(pod_ns, name="net1"), rdma_device="mlx5_3")
+
+
 @pytestmark_netns
 def test_exclusive_mode_moves_the_rdma_device_with_the_netdev_and_back(host, pods, tmp_path):
     host.add_nic("enp65s0f0v0")
     pod_ns = pods()
     world = RdmaWorld(mode=0, devices={"mlx5_3": host.path, "mlx5_4": host.path})
-    mover = NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
-    p = placement(pod_ns, name="net1")
-    mover.attach(type(p)(**{**p.__dict__, "rdma_device": "mlx5_3"}))
+    mover = rdma_mover(host, tmp_path, world)
+    mover.attach(with_rdma(pod_ns))
     assert world.inside("mlx5_3", pod_ns) and world.inside("mlx5_4", host.path)
     assert link(pod_ns, "net1") is not None
     record = (tmp_path / "records" / record_name("pod-1", "nic-0000-41-00-2")).read_text()
@@ -152,9 +161,8 @@ def test_shared_mode_leaves_the_rdma_device_where_it_is(host, pods, tmp_path):
     host.add_nic("enp65s0f0v0")
     pod_ns = pods()
     world = RdmaWorld(mode=1, devices={"mlx5_3": host.path})
-    mover = NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
-    p = placement(pod_ns, name="net1")
-    mover.attach(type(p)(**{**p.__dict__, "rdma_device": "mlx5_3"}))
+    mover = rdma_mover(host, tmp_path, world)
+    mover.attach(with_rdma(pod_ns))
     assert world.inside("mlx5_3", host.path) and link(pod_ns, "net1") is not None
     assert '"rdma_device": null' in (tmp_path / "records" / record_name("pod-1", "nic-0000-41-00-2")).read_text()
 
@@ -165,11 +173,10 @@ def test_a_refused_rdma_move_puts_the_netdev_back_and_names_the_rdma_device(host
     before = link(host.path, "enp65s0f0v0")
     pod_ns = pods()
     world = RdmaWorld(mode=0, devices={"mlx5_3": host.path}, refuse=17)
-    mover = NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
-    p = placement(pod_ns, name="net1")
+    mover = rdma_mover(host, tmp_path, world)
     with pytest.raises(NetdevError, match="moving RDMA device mlx5_3 into pod ml/trainer: moving RDMA device "
                                           "mlx5_3: File exists"):
-        mover.attach(type(p)(**{**p.__dict__, "rdma_device": "mlx5_3"}))
+        mover.attach(with_rdma(pod_ns))
     assert link(host.path, "enp65s0f0v0") == before and link(pod_ns, "net1") is None
     assert not list((tmp_path / "records").iterdir())
 
@@ -179,11 +186,10 @@ def test_reconcile_returns_the_rdma_device_of_a_pod_the_runtime_no_longer_has(ho
     host.add_nic("enp65s0f0v0")
     pod_ns = pods()
     world = RdmaWorld(mode=0, devices={"mlx5_3": host.path})
-    mover = NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
-    p = placement(pod_ns, name="net1")
-    mover.attach(type(p)(**{**p.__dict__, "rdma_device": "mlx5_3"}))
+    mover = rdma_mover(host, tmp_path, world)
+    mover.attach(with_rdma(pod_ns))
     # a new driver process (the mode is read again), and the pod is not among the live ones
-    again = NetdevMover(tmp_path / "records", host_netns=host.path, recreate=host.recreate, rdma_open=world.open)
+    again = rdma_mover(host, tmp_path, world)
     assert [r.rdma_device for r in again.reconcile(live_pods=set())] == ["mlx5_3"]
     assert world.inside("mlx5_3", host.path)
 

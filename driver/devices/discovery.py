@@ -37,6 +37,9 @@ class Sources:
     mig_mode: str = "static"  # "dynamic": MIG-capable GPUs as partitionable devices
     # (GPU UUID, GPU instance id) of the MIG instances this driver created (dynamic MIG)
     owned_mig: Callable[[], set] = set
+    # The NICs whose netdev the driver moved into pods (driver/nri/netdev.py's records):
+    # published though the host's sysfs lists no netdev of them (driver/devices/net.py).
+    away_netdevs: Callable[[], tuple[net.AwayNetdev, ...]] = tuple
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,8 @@ def discover(sources: Sources, previous: DiscoveryResult | None = None,
     devices += AlveoDiscovery(sources.sysfs, sources.pci_ids).discover(list(functions.values()), problems)
     devices += DflDiscovery(sources.sysfs, sources.pci_ids).discover(problems)
     nics = NicDiscovery(sources.sysfs, sources.proc, sources.nic_filter, functions, sources.pci_ids,
-                        reuse.nics if reuse else None, changes.interfaces if reuse else frozenset(), fresh)
+                        reuse.nics if reuse else None, changes.interfaces if reuse else frozenset(), fresh,
+                        sources.away_netdevs())
     devices += nics.discover(problems)
     return DiscoveryResult(
         Inventory(tuple(devices), counter_sets), problems, tuple(nics.excluded), nvml_unavailable, driver_version,

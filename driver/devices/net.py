@@ -4,6 +4,10 @@ Only PCI-backed interfaces are devices. Virtual interfaces (lo, bridges, veth, b
 under /sys/devices/virtual and are never handed to a pod, and neither is any interface an
 operator excludes or the one carrying the node's default route: giving away the
 management NIC would cut the node off the cluster.
+
+Interfaces are found through /sys/class/net, which lists only those in the host's network
+namespace. A NIC the driver moved into a pod is found through its PCI function instead
+(network class, a netdev-making driver bound) joined with its move record (`AwayNetdev`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 from driver.kube import names
 from driver.devices import pci
-from driver.devices.model import AttributeSet, Device, DeviceKind
+from driver.devices.model import AttributeSet, AttributeValue, Device, DeviceKind
 from driver.devices.pciids import PciIds
 from driver.devices.problems import DeviceError, Problem, Problems
 
@@ -62,6 +66,47 @@ class NicSelector:
 
 
 ROUTING_UNKNOWN = "the node's routing table cannot be read"
+
+# What a NIC publishes from its netdev's own sysfs directory (/sys/class/net/<if>), in the
+# order discovery sets them; the rest comes from its PCI function.
+NETDEV_ATTRIBUTES = ("ifName", "mac", "mtu", "linkState", "speedMbps", "netDriver")
+
+
+@dataclass(frozen=True)
+class AwayNetdev:
+    """A NIC whose netdev the driver moved into a pod's network namespace (its move record,
+    driver/nri/netdev.py). sysfs shows a netdev only to the network namespace it is in:
+    /sys/class/net/<if> and /sys/bus/pci/devices/<bdf>/net/<if> are tagged with it
+    (the kernel's Documentation/networking/sysfs-tagging.rst), so the host's sysfs lists
+    the function but no netdev of it. Discovery publishes such a NIC from its function and
+    from what the record kept: it is allocated, not gone."""
+
+    device: str  # our device name: nic-0000-41-00-2, or ...-portN for one port of several
+    ifname: str  # the name it had and gets back on the host
+    mac: str
+    mtu: int
+    # NETDEV_ATTRIBUTES as discovery published them before the move; empty for a record
+    # of a driver that did not keep them (then ifName, mac and mtu come from the record).
+    published: tuple[tuple[str, AttributeValue], ...] = ()
+    rdma_device: str | None = None  # moved with it (RDMA exclusive netns mode)
+
+    def netdev_attributes(self) -> dict[str, AttributeValue]:
+        if self.published:
+            return {k: v for k, v in self.published if k in NETDEV_ATTRIBUTES}
+        return {"ifName": self.ifname, "mac": self.mac, "mtu": self.mtu}
+
+
+# Bound to one of these, a network function has no netdev in any namespace (dranet keeps
+# the same list): nothing of it can be handed to a pod as a NIC.
+NO_NETDEV_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
+
+
+def holds_netdevs(function: pci.PciFunction) -> bool:
+    """A network controller (PCI base class 0x02: Ethernet 0x0200, InfiniBand 0x0207, ...)
+    bound to a kernel driver that makes netdevs: what the host may see no netdev of while
+    the netdev is in another namespace. The driver link is not namespaced."""
+    return (function.base_class == pci.CLASS_NETWORK and function.driver is not None
+            and function.driver not in NO_NETDEV_DRIVERS)
 
 
 @dataclass(frozen=True)
@@ -165,8 +210,10 @@ class NicDiscovery:
                  functions: dict[str, pci.PciFunction] | None = None,
                  pci_ids: PciIds | None = None, previous: NicMemo | None = None,
                  fresh_interfaces: frozenset[str] = frozenset(),
-                 fresh_functions: frozenset[str] = frozenset()) -> None:
+                 fresh_functions: frozenset[str] = frozenset(),
+                 away: tuple[AwayNetdev, ...] = ()) -> None:
         self.sysfs = sysfs
+        self.away = away
         self.pci_ids = pci_ids or PciIds(())
         self.proc = proc
         self.filter = nic_filter
@@ -223,6 +270,7 @@ class NicDiscovery:
             by_function[bdf].append(ifname)
             links[ifname] = link
 
+        away = self._away_by_function(by_function)
         uverbs = self._uverbs_by_ibdev()
         # A uverbs device belongs to one function's RDMA device: one that came, went or
         # moved makes that function's NICs be read again, not every NIC.
@@ -234,9 +282,12 @@ class NicDiscovery:
         self.memo.shared = (default_route, self.filter)
         shared_unchanged = self.previous.shared == self.memo.shared and None not in owners
         devices: list[Device] = []
+        for bdf, moved_away in sorted(away.items()):
+            self._publish_away(bdf, moved_away, uverbs, default_route, problems, devices)
         for bdf, ifnames in sorted(by_function.items()):
             known_order = self.previous.groups.get(bdf)
             if (shared_unchanged and bdf not in self.fresh_functions and bdf not in owners
+                    and bdf not in away
                     and bdf in self.functions
                     and known_order is not None and sorted(known_order) == ifnames
                     and not any(i in links for i in ifnames)):
@@ -253,9 +304,11 @@ class NicDiscovery:
             # dev_port only matters (and is only read) when one function has several netdevs.
             ports = sorted(ifnames, key=lambda n: (self._dev_port(n), n)) if len(ifnames) > 1 else ifnames
             self.memo.groups[bdf] = tuple(ports)
+            # A port in a pod still counts: the others keep their -portN names.
+            several = len(ports) + len(away.get(bdf, ())) > 1
             for ifname in ports:
                 found = Problems()
-                outcome = self._outcome(ifname, bdf, ports, function, uverbs, default_route, found)
+                outcome = self._outcome(ifname, bdf, several, function, uverbs, default_route, found)
                 link = links[ifname] if ifname in links else self.previous.outcomes[ifname].link
                 outcome = NicOutcome(ifname, link, bdf, *outcome, tuple(found.items))
                 self._record(outcome, problems, devices)
@@ -271,14 +324,58 @@ class NicDiscovery:
         if outcome.device is not None:
             devices.append(outcome.device)
 
-    def _outcome(self, ifname: str, bdf: str, ports: list[str], function: pci.PciFunction,
+    def _away_by_function(self, visible: dict[str, list[str]]) -> dict[str, list[AwayNetdev]]:
+        """The moved NICs to publish, by function: those whose function is still a network
+        function with a netdev-making driver and whose netdev the host does not see (one
+        it sees again, under any name, is read from sysfs as any other)."""
+        found: dict[str, list[AwayNetdev]] = defaultdict(list)
+        if not self.away:
+            return found
+        by_label = {names.label_from_pci("nic", bdf): bdf for bdf, f in self.functions.items()
+                    if holds_netdevs(f)}
+        # One device per name: a stale record (a pod that died while we were down, not
+        # yet reconciled) beside the current one names the same device.
+        for record in {r.device: r for r in reversed(self.away)}.values():
+            label, _, port = record.device.partition("-port")
+            bdf = by_label.get(label)
+            if port and not port.isdigit():
+                continue
+            if bdf is None or record.ifname in visible.get(bdf, ()):
+                continue
+            if bdf not in visible or record.device != label:  # one port of several may go
+                found[bdf].append(record)
+        return found
+
+    def _publish_away(self, bdf: str, moved: list[AwayNetdev], uverbs: dict[str, str],
+                      default_route: set[str] | None, problems: Problems,
+                      devices: list[Device]) -> None:
+        """Not memoized: a handful of reads per moved NIC, and its return must be read from
+        sysfs afresh (it comes back as an interface no memo knows). Its name is the one
+        the record kept: the one the claim was allocated."""
+        function = self.functions[bdf]
+        for record in moved:
+            found = Problems()
+            reason = self.filter.reason_to_skip(record.ifname, function, default_route)
+            if reason:
+                self.excluded.append((record.ifname, reason))
+                if default_route is None and reason.startswith(ROUTING_UNKNOWN):
+                    self.withheld_routing_unknown += 1
+                continue
+            try:
+                devices.append(self._nic(record.device, record.ifname, function, uverbs, found,
+                                         record))
+            except (DeviceError, ValueError) as err:
+                found.skip(record.device, f"interface {record.ifname} (in a pod): {err}")
+            problems.items.extend(found.items)
+
+    def _outcome(self, ifname: str, bdf: str, several: bool, function: pci.PciFunction,
                  uverbs: dict[str, str], default_route: set[str] | None,
                  problems: Problems) -> tuple[Device | None, str | None, bool]:
         reason = self.filter.reason_to_skip(ifname, function, default_route)
         if reason:
             return None, reason, default_route is None and reason.startswith(ROUTING_UNKNOWN)
         name = names.label_from_pci("nic", bdf)
-        if len(ports) > 1:
+        if several:
             name = f"{name}-port{self._dev_port(ifname)}"
         try:
             return self._nic(name, ifname, function, uverbs, problems), None, False
@@ -324,24 +421,17 @@ class NicDiscovery:
         function: pci.PciFunction,
         uverbs: dict[str, str],
         problems: Problems,
+        away: AwayNetdev | None = None,
     ) -> Device:
-        net = self.sysfs / "class" / "net" / ifname
         attrs = AttributeSet(name)
         attrs.set("type", "nic")
-        attrs.set("ifName", ifname)
-        mac = pci.read_text(net / "address")
-        attrs.set("mac", mac)
-        mtu = pci.read_int(net / "mtu")
-        if mtu is None:
-            problems.note(name, f"interface {ifname}: mtu unreadable")
-        attrs.set("mtu", mtu)
-        attrs.set("linkState", pci.read_text(net / "operstate"))
-        speed = pci.read_int(net / "speed")
-        # -1 or EINVAL: the link is down or the driver does not say; no value beats a lie.
-        attrs.set("speedMbps", speed if speed is not None and speed > 0 else None)
-        # The network driver of the interface: for virtio that is virtio_net on the virtio
-        # device, not virtio-pci, the transport bound to the PCI function.
-        attrs.set("netDriver", pci.link_name(net / "device" / "driver") or function.driver)
+        if away is not None:
+            # In a pod: its sysfs directory is out of our sight, and what it was on the
+            # host is what it gets back; publishing that keeps the slice as it was.
+            for key, value in away.netdev_attributes().items():
+                attrs.set(key, value)
+        else:
+            self._netdev_attributes(attrs, name, ifname, function, problems)
         attrs.set("pciVendorID", pci.hex_id(function.vendor))
         attrs.set("pciDeviceID", pci.hex_id(function.device))
         attrs.set("productName", self.pci_ids.product(function.vendor, function.device))
@@ -361,6 +451,10 @@ class NicDiscovery:
 
         nodes: list[str] = []
         ibdevs = sorted(p.name for p in (function.path / "infiniband").glob("*"))
+        if not ibdevs and away is not None and away.rdma_device:
+            # Exclusive netns mode: the RDMA device went along and <bdf>/infiniband is
+            # tagged with the namespace too; its uverbs entry is not.
+            ibdevs = [away.rdma_device]
         if ibdevs:
             ibdev = ibdevs[0]
             attrs.set("rdma", True)
@@ -383,6 +477,25 @@ class NicDiscovery:
             pci=function.location,
             model=attrs.values.get("productName") or pci.hex_id(function.device),
         )
+
+    def _netdev_attributes(self, attrs: AttributeSet, name: str, ifname: str,
+                           function: pci.PciFunction, problems: Problems) -> None:
+        """NETDEV_ATTRIBUTES, from the netdev's sysfs directory."""
+        net = self.sysfs / "class" / "net" / ifname
+        attrs.set("ifName", ifname)
+        mac = pci.read_text(net / "address")
+        attrs.set("mac", mac)
+        mtu = pci.read_int(net / "mtu")
+        if mtu is None:
+            problems.note(name, f"interface {ifname}: mtu unreadable")
+        attrs.set("mtu", mtu)
+        attrs.set("linkState", pci.read_text(net / "operstate"))
+        speed = pci.read_int(net / "speed")
+        # -1 or EINVAL: the link is down or the driver does not say; no value beats a lie.
+        attrs.set("speedMbps", speed if speed is not None and speed > 0 else None)
+        # The network driver of the interface: for virtio that is virtio_net on the virtio
+        # device, not virtio-pci, the transport bound to the PCI function.
+        attrs.set("netDriver", pci.link_name(net / "device" / "driver") or function.driver)
 
     def _vf_index(self, pf_path: Path, vf_path: Path) -> int | None:
         # Built once per PF: resolving every virtfnN link for every VF is quadratic, and a

@@ -21,6 +21,7 @@ import structlog
 
 from driver.devices import sysread
 from driver.devices.model import Device, DeviceKind, Inventory
+from driver.devices.net import AwayNetdev
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})  # application errors, not the GPU
 NO_INSTANCE = 0xFFFFFFFF
@@ -305,6 +306,9 @@ class Prober:
     dev: Path
     nvml: Any | None
     xid_recovery_seconds: float = 0.0  # 0: an XID taint stays until the driver restarts
+    # NICs whose netdev is in a pod (the move records): the host's sysfs has no operstate
+    # of theirs to read, and their link is the pod's business, not a fault of the device.
+    away: Callable[[], tuple[AwayNetdev, ...]] = tuple
     _probing: sysread.PerInventory[_Probing] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -326,7 +330,7 @@ class Prober:
         try:
             probing = self._probing.of(self.state.inventory())
             gone = self._gone(probing)
-            down = self._down(probing)
+            down = self._down(probing, {a.ifname for a in self.away()})
             for name, what in gone.items():
                 self.state.set(name, "device-removed", "gone", f"{what} disappeared")
             for name in self.state.having("device-removed") - gone.keys():
@@ -383,10 +387,13 @@ class Prober:
         return gone
 
     @staticmethod
-    def _down(probing: _Probing) -> dict[str, tuple[str, str]]:
-        """NICs whose link is down: device -> (interface, its operstate)."""
+    def _down(probing: _Probing, away: set[str]) -> dict[str, tuple[str, str]]:
+        """NICs whose link is down: device -> (interface, its operstate); those `away` (in
+        pods) are not judged."""
         down: dict[str, tuple[str, str]] = {}
         for (name, ifname), raw in zip(probing.links, probing.files.read_many(probing.operstate)):
+            if ifname in away:
+                continue
             state = raw.strip() if raw is not None else b"missing"
             if state in _DOWN:
                 down[name] = (ifname, state.decode())

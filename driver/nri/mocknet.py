@@ -6,13 +6,20 @@ Each is a `dummy` netdev where the kernel has the dummy driver, otherwise one en
 `veth` pair whose other end stays behind in the mock's namespace. Either kind dies with
 the namespace it is in (a physical NIC would come back to the host instead), so
 `recreate` puts it back as the records say it was.
+
+The mock's sysfs tree (driver/devices/mock/tree.py) is plain files, where the kernel's
+sysfs shows a netdev only to the namespace it is in: `mirror` makes the tree follow this
+namespace, taking a netdev's /sys/class/net entry and <bdf>/net/<if> directory out while
+the netdev is elsewhere (a pod) and putting them back when it is here again, so that
+discovery, health and counters read the mock as they read a node.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -24,6 +31,9 @@ from driver.nri.netdev import HostSettings, _add_address, netlink
 log = structlog.get_logger("driver.nri.mocknet")
 
 NETNS_DIR = Path("/var/run/netns")
+# Beside the mock's sys/ (never listed by what reads sysfs): the netdev directories of
+# interfaces in other namespaces, each with a <if>.home file naming where it belongs.
+ELSEWHERE = "netdevs-elsewhere"
 
 
 def _peer_name(ifname: str) -> str:
@@ -38,8 +48,13 @@ def mock_mac(ifname: str) -> str:
 
 @dataclass
 class MockNetwork:
-    """The mock's own network namespace, /var/run/netns/NAME."""
+    """The mock's own network namespace, /var/run/netns/NAME; with `sysfs`, the mock sysfs
+    tree whose netdevs it holds."""
     name: str
+    sysfs: Path | None = None
+    # mirror() runs on the mover's threads: one pod's move must not list the tree while
+    # another's renames in it.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def path(self) -> str:
@@ -84,3 +99,67 @@ class MockNetwork:
                 ipr.link("del", index=stale[0])
         self.add_nic(settings.name, settings.mtu, tuple(settings.addresses), settings.up,
                      settings.mac)
+
+    def pci_netdevs(self) -> list[str]:
+        """The PCI functions' netdevs the mock's sysfs lists now (not the virtual ones)."""
+        if self.sysfs is None:
+            return []
+        class_net = self.sysfs / "class" / "net"
+        virtual = (self.sysfs / "devices" / "virtual").resolve()
+        try:
+            names = sorted(os.listdir(class_net))
+        except OSError:
+            return []
+        return [n for n in names if not (class_net / n).resolve().is_relative_to(virtual)]
+
+    def populate(self, elsewhere: set[str]) -> None:
+        """Every PCI netdev of the mock's sysfs made a real one here, but those `elsewhere`
+        (in pods, by the records): on a node each is a netdev in some namespace."""
+        for ifname in self.pci_netdevs():
+            if ifname not in elsewhere:
+                self.add_nic(ifname)
+
+    def mirror(self) -> None:
+        """The sysfs tree shows exactly the PCI netdevs that are in this namespace (see the
+        module's doc). Idempotent; judged by netlink, not by who moved what."""
+        if self.sysfs is None:
+            return
+        with netlink(self.path) as ipr:
+            here = {link.get("ifname") for link in ipr.get_links()}
+        class_net = self.sysfs / "class" / "net"
+        stash = self.sysfs.parent / ELSEWHERE
+        with self._lock:
+            for ifname in self.pci_netdevs():
+                if ifname not in here:
+                    self._hide(class_net, stash, ifname)
+            try:
+                away = sorted(n for n in os.listdir(stash) if not n.endswith(".home"))
+            except OSError:
+                away = []
+            for ifname in away:
+                if ifname in here:
+                    self._show(class_net, stash, ifname)
+
+    def _hide(self, class_net: Path, stash: Path, ifname: str) -> None:
+        entry = class_net / ifname
+        home = entry.resolve()
+        stash.mkdir(exist_ok=True)
+        try:
+            (stash / f"{ifname}.home").write_text(str(home.relative_to(self.sysfs)))
+            os.rename(home, stash / ifname)
+            entry.unlink()
+        except OSError as err:  # another instance sharing the tree (an upgrade) was first
+            log.warning("mock_sysfs_mirror_failed", interface=ifname, error=str(err))
+            return
+        log.info("mock_netdev_left_sysfs", interface=ifname)
+
+    def _show(self, class_net: Path, stash: Path, ifname: str) -> None:
+        try:
+            home = self.sysfs / (stash / f"{ifname}.home").read_text()
+            os.rename(stash / ifname, home)
+            os.symlink(os.path.relpath(home, class_net), class_net / ifname)
+            (stash / f"{ifname}.home").unlink()
+        except OSError as err:
+            log.warning("mock_sysfs_mirror_failed", interface=ifname, error=str(err))
+            return
+        log.info("mock_netdev_back_in_sysfs", interface=ifname)

@@ -27,6 +27,7 @@ import ipaddress
 import json
 import os
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ import structlog
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from driver.devices.model import AttributeValue
+from driver.devices.net import NETDEV_ATTRIBUTES, AwayNetdev
 from driver.nri import rdma
 from driver.state import atomic
 
@@ -110,12 +113,73 @@ class Record:
     # the RDMA device that goes with the netdev (the RDMA subsystem in exclusive netns
     # mode); None: it stays (shared mode, or none)
     rdma_device: str | None = None
+    # What discovery published of the netdev (net.NETDEV_ATTRIBUTES) before it left: the
+    # host's sysfs cannot show it while it is in the pod, and the NIC stays published as
+    # it was (AwayNetdevs). None in records of drivers that did not keep it.
+    published: dict | None = None
 
     @classmethod
     def load(cls, path: Path) -> "Record":
         data = json.loads(path.read_bytes())
         data["host"] = HostSettings(**data["host"])
         return cls(**data)
+
+    def away(self) -> AwayNetdev:
+        published = tuple((k, v) for k, v in (self.published or {}).items()
+                          if k in NETDEV_ATTRIBUTES and isinstance(v, (bool, int, str)))
+        return AwayNetdev(self.device, self.host.name, self.host.mac, self.host.mtu, published,
+                          self.rdma_device)
+
+
+class AwayNetdevs:
+    """The NICs the records say are (or are being) moved into pods, for discovery and the
+    health probe (driver/assembly.py wires them): the host's sysfs no longer shows their
+    netdevs. A record is written before its netdev moves and removed after it is back, so
+    no moment has the netdev gone without a record saying why.
+
+    Called by the health probe every few seconds: a record file is parsed again only when
+    it was replaced (atomic writes make a new file: another inode, or an inode number
+    reused with another mtime or size), so a call costs a directory read and a stat per
+    record."""
+
+    def __init__(self, records: Path) -> None:
+        self.records = records
+        self._lock = threading.Lock()  # discovery's and the probe's threads
+        # file -> ((inode, mtime, size), parsed)
+        self._parsed: dict[str, tuple[tuple[int, int, int], AwayNetdev | None]] = {}
+
+    def __call__(self) -> tuple[AwayNetdev, ...]:
+        files: dict[str, tuple[int, int, int]] = {}
+        try:
+            with os.scandir(self.records) as entries:
+                for e in entries:
+                    if e.name.endswith(".json"):
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue  # removed since the listing: back on the host
+                        files[e.name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass
+        with self._lock:
+            for name in self._parsed.keys() - files.keys():
+                del self._parsed[name]
+            for name, identity in files.items():
+                known = self._parsed.get(name)
+                if known is None or known[0] != identity:
+                    self._parsed[name] = (identity, self._parse(self.records / name))
+            return tuple(sorted((a for _, a in self._parsed.values() if a is not None),
+                                key=lambda a: a.device))
+
+    @staticmethod
+    def _parse(path: Path) -> AwayNetdev | None:
+        try:
+            return Record.load(path).away()
+        except FileNotFoundError:
+            return None  # removed between the listing and the read: back on the host
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            log.error("nic_record_unreadable", file=str(path), error=str(err))
+            return None
 
 
 def record_name(pod_uid: str, device: str) -> str:
@@ -214,8 +278,16 @@ class NetdevMover:
     def __init__(self, records: Path, host_netns: str | None = None,
                  recreate: Callable[[HostSettings], None] | None = None,
                  owner: str | None = None,
-                 rdma_open: Callable[[str | None], rdma.RdmaNetlink] = rdma_netlink) -> None:
+                 rdma_open: Callable[[str | None], rdma.RdmaNetlink] = rdma_netlink,
+                 published_of: Callable[[str], dict[str, AttributeValue] | None] = lambda _: None,
+                 host_changed: Callable[[], None] | None = None) -> None:
         self.records = records
+        # our device name -> its attributes as published now (kept in the record)
+        self.published_of = published_of
+        # Called after netdevs left or came back to the host namespace. A kernel updates
+        # sysfs by itself; the mock mirrors its namespace into its sysfs tree here
+        # (driver/nri/mocknet.py), so that everything reading sysfs runs as on a node.
+        self.host_changed = host_changed
         self.rdma_open = rdma_open
         self._rdma_mode: str | None = None
         # Where our NICs live when no pod has them: the driver's namespace (None) on a
@@ -281,10 +353,13 @@ class NetdevMover:
                                     up=link["up"], mac=link["mac"])
             rdma_device = placement.rdma_device if placement.rdma_device and \
                 self.rdma_mode() == rdma.EXCLUSIVE else None
+            published = self.published_of(placement.device)
             record = Record(claim_uid=placement.claim_uid, device=placement.device,
                             pod_uid=placement.pod_uid, pod=placement.pod,
                             netns=placement.netns, pod_ifname=pod_ifname, host=settings,
-                            state="moving", rdma_device=rdma_device)
+                            state="moving", rdma_device=rdma_device,
+                            published={k: v for k, v in (published or {}).items()
+                                       if k in NETDEV_ATTRIBUTES} or None)
             self._save(record)  # before anything changes: a crash from here on is undone
             try:
                 fd = _namespace_fd(placement.netns)
@@ -309,6 +384,7 @@ class NetdevMover:
                                   ) from err
             finally:
                 os.close(fd)
+        self._host_changed()
         if record.rdma_device:
             self._move_rdma(placement, record)
         try:
@@ -393,7 +469,18 @@ class NetdevMover:
             finally:
                 os.close(fd)
         # (a namespace that is gone has handed its RDMA devices back to the initial one)
-        self._restore_on_host(record)
+        try:
+            self._restore_on_host(record)
+        finally:
+            self._host_changed()
+
+    def _host_changed(self) -> None:
+        if self.host_changed is None:
+            return
+        try:
+            self.host_changed()
+        except (NetlinkError, OSError) as err:  # never in place of the move's own outcome
+            log.warning("host_change_hook_failed", error=str(err))
 
     def _return_netdev(self, record: Record) -> None:
         try:

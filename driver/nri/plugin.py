@@ -4,13 +4,17 @@ The runtime (containerd 2.x by default, CRI-O with enable_nri) listens on the NR
 We dial it, serve NRI's Plugin service on mux connection 1 and call RegisterPlugin on
 connection 2; the runtime then calls Configure (we answer with the events we want),
 Synchronize (every pod it knows, possibly in several messages flagged `more`), and from
-then on RunPodSandbox, StopPodSandbox and RemovePodSandbox as pods come and go. Each
-call must be answered within the request timeout Configure names (2 s by default):
-a call that times out makes the runtime drop the plugin and carry on without it, so a
+then on RunPodSandbox, StopPodSandbox and RemovePodSandbox as pods come and go, and
+CreateContainer for each of their containers. Each call must be answered within the
+request timeout Configure names (2 s by default): a call that times out makes the runtime drop the plugin and carry on without it, so a
 slow handler is answered with an error before that, and the pod is retried by the kubelet.
 
 When the runtime restarts the socket goes away; we dial again with backoff, and the new
-registration's Synchronize tells the pod handler what it missed.
+registration's Synchronize tells the pod handler what it missed. While we are away the
+runtime starts sandboxes and containers without us; CreateContainer is where a container
+is refused when what its pod needs from us is not in place (the kubelet retries it), and
+containerd's default validator (`required_plugins`, or the pod annotation
+`required-plugins.noderesource.dev`) refuses it while we are not registered at all.
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ def event_mask(*events: int) -> int:
     return mask
 
 
-SUBSCRIBED = event_mask(api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX)
+# CreateContainer too: a sandbox may have started while we were away (no plugin, or one
+# the runtime closed after a timeout), and its containers must not run without their NIC.
+SUBSCRIBED = event_mask(api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX,
+                        api.CREATE_CONTAINER)
 
 
 class PodEvents(Protocol):
@@ -64,6 +71,8 @@ class PodEvents(Protocol):
     async def stop_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
 
     async def remove_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
+
+    async def create_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ class NriPlugin:
             method("RunPodSandbox", api.RunPodSandboxRequest, self._run_pod_sandbox),
             method("StopPodSandbox", api.StopPodSandboxRequest, self._stop_pod_sandbox),
             method("RemovePodSandbox", api.RemovePodSandboxRequest, self._remove_pod_sandbox),
+            method("CreateContainer", api.CreateContainerRequest, self._create_container),
         ])
 
     async def _configure(self, request: api.ConfigureRequest) -> api.ConfigureResponse:
@@ -221,6 +231,13 @@ class NriPlugin:
         await self._bounded("RemovePodSandbox", request.pod,
                             self.events.remove_pod_sandbox(request.pod))
         return api.RemovePodSandboxResponse()
+
+    async def _create_container(self, request: api.CreateContainerRequest
+                                ) -> api.CreateContainerResponse:
+        # No adjustment: an error refuses the container, the kubelet retries it later.
+        await self._bounded("CreateContainer", request.pod,
+                            self.events.create_container(request.pod, request.container))
+        return api.CreateContainerResponse()
 
     async def _bounded(self, event: str, pod: api.PodSandbox | None, work: Awaitable) -> None:
         """Run `work` but answer before the runtime's deadline. The work is shielded, not

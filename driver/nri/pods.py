@@ -8,7 +8,8 @@ NicConfig asks for it (`moveInterface: true`) move; the rest stay on the host as
 The kubelet prepares a pod's claims before it asks the runtime for the sandbox, so the
 checkpoint knows the claims when RunPodSandbox comes. A pod sandbox in the host's network
 (hostNetwork: true) has no namespace of its own: a claim that wants its NIC moved fails
-that pod's sandbox with a message saying so.
+that pod's sandbox with a message saying so. CreateContainer checks again that the pod's
+NICs are in place (moving them if they can be) and refuses the container otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import structlog
+from pyroute2.netlink.exceptions import NetlinkError
 
 from driver._proto.nri.v1alpha1 import api_pb2 as api
 from driver.nri.netdev import InterfaceConfig, NetdevError, NetdevMover, Placement, Route
@@ -97,6 +99,25 @@ class NicPods:
                 rdma_device=want.rdma_device))
             if self.status is not None:
                 self.status.moved(want.ref, want.pool, want.device, data, name)
+
+    async def create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        """Refuse a container whose pod's NICs are not in the pod. The sandbox may have
+        started while we were away (not registered, or closed by the runtime after a
+        timeout) and the Synchronize that followed may have failed for this pod: a
+        workload that started without its NIC has already set NCCL/UCX up without it, so
+        it must not start at all. The kubelet retries a refused container. The move is
+        tried once more first (attach is idempotent: a NIC in place costs one link
+        lookup in the pod's namespace)."""
+        await asyncio.to_thread(self._ensure_in_place, pod, container.name)
+
+    def _ensure_in_place(self, pod: api.PodSandbox, container: str) -> None:
+        try:
+            self._attach_all(pod)
+        except (NetdevError, NetlinkError, OSError) as err:
+            log.error("container_refused_without_nic", pod=f"{pod.namespace}/{pod.name}",
+                      pod_uid=pod.uid, container=container, error=str(err))
+            raise NetdevError(f"container {container} of pod {pod.namespace}/{pod.name} is "
+                              f"not started without its NIC: {err}") from err
 
     async def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         await asyncio.to_thread(self._detach_all, pod.uid)

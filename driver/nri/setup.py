@@ -30,32 +30,47 @@ from driver.state.checkpoint import ClaimRecord
 log = structlog.get_logger("driver.nri")
 
 
-def mock_network(state_dir: Path) -> MockNetwork:
-    return MockNetwork(f"dra-mock-{zlib.crc32(str(state_dir).encode()):08x}")
+def mock_network(state_dir: Path, sysfs: Path | None = None) -> MockNetwork:
+    return MockNetwork(f"dra-mock-{zlib.crc32(str(state_dir).encode()):08x}", sysfs)
+
+
+def records_dir(state_dir: Path) -> Path:
+    """Where the mover keeps its move records (driver/nri/netdev.py)."""
+    return state_dir / "nri"
 
 
 def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[], Inventory],
          records: Callable[[], Iterable[ClaimRecord]], status: StatusWriter | None,
-         mock: bool, owner: str, metrics: Metrics | None = None) -> tuple[NriPlugin, NicPods]:
-    recreate = None
-    network = mock_network(state_dir) if mock else None
+         mock: bool, owner: str, metrics: Metrics | None = None,
+         mock_sysfs: Path | None = None) -> tuple[NriPlugin, NicPods]:
+    recreate = host_changed = None
+    network = mock_network(state_dir, mock_sysfs) if mock else None
     if network is not None:
         host_netns = network.path
         recreate = network.recreate
+        host_changed = network.mirror
     else:
         host_netns = str(proc_root / "1" / "ns" / "net")
-    mover = NetdevMover(state_dir / "nri", host_netns=host_netns, recreate=recreate,
-                        owner=owner)
+
+    def published_of(name: str) -> dict | None:
+        device = inventory().get(name)
+        return dict(device.attributes) if device is not None else None
+
+    mover = NetdevMover(records_dir(state_dir), host_netns=host_netns, recreate=recreate,
+                        owner=owner, published_of=published_of, host_changed=host_changed)
 
     def prepare_host() -> None:
         if network is not None:
             network.create()
             # A NIC a pod holds (moved before a restart) is not made again beside it.
             away = {r.host.name for r in mover.load_records()}
+            if network.sysfs is not None:
+                network.populate(away)
             for device in inventory().devices:
                 if (device.kind is DeviceKind.NIC and device.net_interface
                         and device.net_interface not in away):
                     network.add_nic(device.net_interface)
+            network.mirror()  # the tree was written whole: those in pods leave it now
         # NICs left in namespaces that died while no driver ran come back now; those of
         # pods that still run are judged at the runtime's Synchronize.
         for record in mover.reconcile():

@@ -787,6 +787,13 @@ state = '{c / "state"}'
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
+
+  # NRI's default validator, on with nothing required node-wide: a pod annotated
+  # required-plugins.noderesource.dev/pod = '["dra-accel-driver"]' gets no container while
+  # the driver's NRI plugin is not registered (tests/cluster/test_nri_required.py); every
+  # other pod (the tier's driver runs without NRI in most cases) is not held up.
+  [plugins.'io.containerd.nri.v1.nri'.default_validator]
+    enable = true
 """)
         (self.root / "cni" / "net.d" / "10-local.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "dra-local-cluster",

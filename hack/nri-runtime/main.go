@@ -3,6 +3,10 @@
 // plugin against the real protocol implementation instead of only against a Python fake.
 //
 //	nri-runtime -socket PATH            runtime: JSON commands on stdin, JSON lines on stdout
+//	nri-runtime -socket PATH -validator [-required a,b]
+//	                                    the same with NRI's default validator on, as
+//	                                    containerd's [plugins.'io.containerd.nri.v1.nri'.default_validator]
+//	                                    enable = true, required_plugins = [a, b] sets it up
 //	nri-runtime -socket PATH -plugin    a minimal plugin built on NRI's stub (for recordings)
 //
 // Runtime commands, one JSON object per line:
@@ -11,8 +15,9 @@
 //	{"op":"run","pod":POD}     RunPodSandbox (POD is added first)
 //	{"op":"stop","id":ID}      StopPodSandbox
 //	{"op":"remove","id":ID}    RemovePodSandbox (POD is forgotten)
+//	{"op":"create","id":ID,"container":NAME}  CreateContainer of NAME in pod ID
 //
-// POD is {"id","name","uid","namespace","netns"}. Each command answers one line:
+// POD is {"id","name","uid","namespace","netns","annotations"}. Each command answers one line:
 // {"op":..., "ms": handling time, "error": "..." when the plugins failed it}. A plugin's
 // synchronization prints {"event":"synchronized","pods":N}.
 package main
@@ -24,12 +29,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	validator "github.com/containerd/nri/plugins/default-validator/builtin"
 )
 
 type pod struct {
@@ -38,12 +45,17 @@ type pod struct {
 	UID       string `json:"uid"`
 	Namespace string `json:"namespace"`
 	Netns     string `json:"netns"`
+	// Annotations as the kubelet passes the pod's to the runtime (NRI's default validator
+	// reads required-plugins.noderesource.dev/... there).
+	Annotations map[string]string `json:"annotations"`
 }
 
 type command struct {
 	Op  string `json:"op"`
 	Pod pod    `json:"pod"`
 	ID  string `json:"id"`
+	// Container: the container's name for "create".
+	Container string `json:"container"`
 }
 
 var (
@@ -61,14 +73,14 @@ func emit(v map[string]any) {
 
 func sandbox(p pod) *api.PodSandbox {
 	return &api.PodSandbox{
-		Id: p.ID, Name: p.Name, Uid: p.UID, Namespace: p.Namespace,
+		Id: p.ID, Name: p.Name, Uid: p.UID, Namespace: p.Namespace, Annotations: p.Annotations,
 		Linux: &api.LinuxPodSandbox{
 			Namespaces: []*api.LinuxNamespace{{Type: "network", Path: p.Netns}},
 		},
 	}
 }
 
-func runtime(socket string) error {
+func runtime(socket string, validate bool, required []string) error {
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		podLock.Lock()
 		list := make([]*api.PodSandbox, 0, len(pods))
@@ -87,9 +99,16 @@ func runtime(socket string) error {
 	updateFn := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) {
 		return nil, nil
 	}
-	r, err := adaptation.New("nri-runtime", "v0.12.3", syncFn, updateFn,
-		adaptation.WithSocketPath(socket), adaptation.WithPluginPath(os.DevNull+".none"),
-		adaptation.WithPluginConfigPath(os.DevNull+".none"))
+	options := []adaptation.Option{
+		adaptation.WithSocketPath(socket), adaptation.WithPluginPath(os.DevNull + ".none"),
+		adaptation.WithPluginConfigPath(os.DevNull + ".none"),
+	}
+	if validate {
+		options = append(options, adaptation.WithDefaultValidator(&validator.DefaultValidatorConfig{
+			Enable: true, RequiredPlugins: required,
+		}))
+	}
+	r, err := adaptation.New("nri-runtime", "v0.12.3", syncFn, updateFn, options...)
 	if err != nil {
 		return err
 	}
@@ -118,6 +137,18 @@ func runtime(socket string) error {
 			if c.Op == "run" {
 				err = r.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: sb})
 			}
+		case "create":
+			podLock.Lock()
+			sb := pods[c.ID]
+			podLock.Unlock()
+			if sb == nil {
+				err = fmt.Errorf("no pod %q", c.ID)
+				break
+			}
+			_, err = r.CreateContainer(ctx, &api.CreateContainerRequest{Pod: sb, Container: &api.Container{
+				Id: c.ID + "-" + c.Container, PodSandboxId: c.ID, Name: c.Container,
+				State: api.ContainerState_CONTAINER_CREATED,
+			}})
 		case "stop", "remove":
 			podLock.Lock()
 			sb := pods[c.ID]
@@ -163,12 +194,18 @@ func plugin(socket string) error {
 func main() {
 	socket := flag.String("socket", api.DefaultSocketPath, "NRI socket")
 	asPlugin := flag.Bool("plugin", false, "run a minimal NRI stub plugin instead of the runtime")
+	validate := flag.Bool("validator", false, "turn NRI's default validator on")
+	required := flag.String("required", "", "the validator's required plugins, comma-separated")
 	flag.Parse()
 	var err error
 	if *asPlugin {
 		err = plugin(*socket)
 	} else {
-		err = runtime(*socket)
+		var names []string
+		if *required != "" {
+			names = strings.Split(*required, ",")
+		}
+		err = runtime(*socket, *validate, names)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nri-runtime:", err)
