@@ -557,3 +557,46 @@ def test_a_whole_gpu_share_keeps_its_mps_config_defaults(node):
     log = (node.mps_dir(GPU) / "log" / "control.log").read_text()
     assert "set_default_active_thread_percentage 50" in log
     assert "set_default_device_pinned_mem_limit 0 20480M" in log
+
+
+def test_multi_user_mps_lets_pods_of_several_uids_share_a_gpu(node):
+    """mpsConfig.multiUser (issue 38, item 6): the daemon runs with -M (one root server for
+    every UID's clients), so shares running as UIDs 1000 and 2000 both prepare; a claim that
+    does not ask for it cannot join that daemon, and without it mixed UIDs are still
+    refused (test_a_share_running_as_another_uid_is_refused_naming_both_claims)."""
+    multi = [gpu_config({"strategy": "MPS", "mpsConfig": {"multiUser": True}})]
+    a = new_claim(node.api, "multi-1000", [share(GPU, "10Gi", "20")], multi)
+    b = new_claim(node.api, "multi-2000", [share(GPU, "10Gi", "20")], multi)
+    single = new_claim(node.api, "single-1000", [share(GPU, "10Gi", "20")])
+    for claim, pod, uid in ((a, "pa", 1000), (b, "pb", 2000), (single, "ps", 1000)):
+        _workload_pod(node.api, pod, {"gpu": claim.name}, uid)
+        _reserve(node.api, claim, pod)
+    assert node.kubelet.prepare([a]).claims[a.uid].error == ""
+    assert node.kubelet.prepare([b]).claims[b.uid].error == "", "another UID joins under -M"
+    log = (node.mps_dir(GPU) / "log" / "control.log").read_text()
+    assert "multi-user mode on" in log, log
+    (daemon,) = [p for p in node.pods().values() if p["metadata"].get("namespace") == NAMESPACE]
+    assert "--multi-user" in daemon["spec"]["containers"][0]["command"]
+    error = node.kubelet.prepare([single]).claims[single.uid].error
+    assert "default/single-1000" in error and "multiUser=true" in error, error
+    for claim in (a, b):
+        assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert not [p for p in node.pods().values() if p["metadata"].get("namespace") == NAMESPACE]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI is root)")
+def test_the_mps_shm_tmpfs_has_the_size_asked_for(node):
+    """Issue 38, item 10(b): the tmpfs gets an explicit size (--mps-shm-size), not the
+    kernel's default of half the node's memory."""
+    node.kubelet.close()
+    node.driver.kill()
+    node.driver = DriverProcess(node.api, node.dirs, profile="h100x8",
+                                extra=[*MPS_ARGS, "--mps-shm-size", "64Mi"]).start()
+    node.kubelet = node.driver.kubelet()
+    claim = new_claim(node.api, "sized", [share(GPU, "10Gi", "20")])
+    assert node.kubelet.prepare([claim]).claims[claim.uid].error == ""
+    shm = str(node.mps_dir(GPU) / "shm")
+    (options,) = [line.split()[3] for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if line.split()[1] == shm]
+    assert "size=65536k" in options.split(","), options
+    assert node.kubelet.unprepare([claim]).claims[claim.uid].error == ""

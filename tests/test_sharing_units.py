@@ -345,3 +345,48 @@ def test_memory_only_shares_pack_beside_a_compute_share(h100):
     # A claim that asks for nothing still takes the GPU whole (all its memory).
     everything = shares.limits("ns/c", gpu, {"memory": "79Gi", "compute": "0"})
     assert everything.whole(gpu)
+
+
+# -- MPS for several users (issue 38, item 6) ----------------------------------------------
+def test_multi_user_is_an_mps_option_that_the_setup_carries(h100, mig):
+    _, gpus = h100
+    config = opaque.decode(gpu_config({"strategy": "MPS", "mpsConfig": {"multiUser": True}}))
+    assert config.sharing.mpsConfig == opaque.MpsConfig(multiUser=True)
+    assert opaque.from_dict(opaque.to_dict(config)) == config, "the checkpoint keeps it"
+    multi = setups.for_device("ns/c", gpus[0], config, None)
+    assert multi == setups.Setup("MPS", multi_user=True) and "multiUser=true" in multi.describe()
+    assert setups.for_device("ns/c", mig, config, None).multi_user, "a MIG device of a Volta+ GPU"
+    assert setups.Setup.from_dict({"strategy": "MPS"}) == setups.Setup("MPS"), \
+        "a device record of an older version reads as single-user"
+    with pytest.raises(opaque.ConfigDecodeError, match="mpsConfig.multiUser must be true or false, got 'yes'"):
+        opaque.decode(gpu_config({"strategy": "MPS", "mpsConfig": {"multiUser": "yes"}}))
+    # One daemon per GPU runs with -M or without: claims on it must agree.
+    with pytest.raises(ClaimError, match="ns/new.*multiUser=true.*ns/old"):
+        setups.check_compatible("ns/new", gpus[0], multi, [("ns/old", setups.Setup("MPS"))])
+
+
+def test_multi_user_needs_a_volta_or_newer_gpu(h100):
+    """NVIDIA documents Volta as the minimum; an older GPU's daemon takes -M but its non-root
+    clients then fail in cuInit, so prepare refuses the claim, naming it and the GPU."""
+    import dataclasses
+
+    from driver.devices.model import Version
+
+    _, gpus = h100
+    config = opaque.decode(gpu_config({"strategy": "MPS", "mpsConfig": {"multiUser": True}}))
+    pascal = dataclasses.replace(gpus[0], attributes={**gpus[0].attributes,
+                                                       "cudaComputeCapability": Version("6.0.0")})
+    with pytest.raises(ClaimError) as err:
+        setups.for_device("ns/c", pascal, config, None)
+    assert str(err.value) == (f"claim ns/c: mpsConfig.multiUser needs a Volta or newer GPU "
+                              f"(compute capability 7.0); {pascal.name} has 6.0")
+    volta = dataclasses.replace(pascal, attributes={**pascal.attributes,
+                                                    "cudaComputeCapability": Version("7.0.0")})
+    assert setups.for_device("ns/c", volta, config, None).multi_user
+    unknown = dataclasses.replace(pascal, attributes={k: v for k, v in pascal.attributes.items()
+                                                      if k != "cudaComputeCapability"})
+    with pytest.raises(ClaimError, match="compute capability of .* is not known"):
+        setups.for_device("ns/c", unknown, config, None)
+    # Without multiUser, MPS on such a GPU stays as it was.
+    assert setups.for_device("ns/c", pascal, opaque.decode(gpu_config({"strategy": "MPS"})), None) \
+        == setups.Setup("MPS")

@@ -27,12 +27,12 @@ import structlog
 
 from driver.kube import names
 from driver.kube.client import ApiError, Kube, NotFound
-from driver.prepare.mps_daemon import CHROOT_DIRECTORY, MpsPaths, control_answers
+from driver.prepare.mps_daemon import CHROOT_DIRECTORY, PIPE_DIRECTORY, MpsPaths, control_answers
 from driver.prepare import shm
 from driver.prepare.setup import Setup
 
 COMPONENT = "mps-control-daemon"
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # where clients find the pipe directory (as NVIDIA's)
+CONTAINER_PIPE_DIR = PIPE_DIRECTORY  # where clients find the pipe directory: the daemon's value
 DAEMON_DRIVER_ROOT = "/driver-root"
 POLL_SECONDS = 0.1
 
@@ -80,6 +80,7 @@ class MpsDaemons:
     driver_root_host: Path  # the NVIDIA installation on the host, mounted into the pod
     start_timeout: float = MAX_START_WAIT  # how long one prepare waits for a new daemon
     driver_root_local: Path | None = None  # the same, as this process sees it (default: host's)
+    shm_size: int | None = None  # bytes of each GPU's shm tmpfs; None: half of the node's memory
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="mps")
@@ -124,7 +125,9 @@ class MpsDaemons:
             return name
         for directory in (paths.pipe, paths.log, paths.shm):
             directory.mkdir(parents=True, exist_ok=True)
-        shm.ensure_tmpfs(paths.shm, device, self.log)
+        if self.chroots():  # the pipe mount's mountpoint inside the chroot (manifest)
+            paths.chroot_pipe_mountpoint.mkdir(exist_ok=True)
+        shm.ensure_tmpfs(paths.shm, device, self.log, self.shm_size or shm.default_size())
         pod = self._existing(name)
         if pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"):
             self._wait_gone(name, device)  # a stop in progress: let it finish, then start anew
@@ -225,18 +228,25 @@ class MpsDaemons:
         # with a mock node's bare installation folder). A full root filesystem has /tmp and
         # /dev/shm; a bare installation folder has neither, and the daemon does not chroot
         # there, so it needs neither mount.
-        chroot_mounts = [
-            # Where the daemon, chrooted to the driver root, finds its pipe and log folders
-            # and the clients' shm (driver/prepare/mps_daemon.py).
+        # The pipe folder goes where the daemon sees PIPE_DIRECTORY, the value its clients
+        # get (MPS wants the same one for both): inside the chroot, over a mountpoint in
+        # the MPS folder (writable, made by start()), not in the read-only driver root.
+        pipe_mounts = [
+            # Where the daemon, chrooted to the driver root, finds its log folder and the
+            # clients' shm (driver/prepare/mps_daemon.py), then its pipe folder.
             {"name": "mps", "mountPath": chroot_dir},
+            {"name": "pipe", "mountPath": f"{DAEMON_DRIVER_ROOT}{PIPE_DIRECTORY}"},
             {"name": "shm", "mountPath": f"{DAEMON_DRIVER_ROOT}/dev/shm"},
-        ] if self.chroots() else []
+        ] if self.chroots() else [{"name": "pipe", "mountPath": PIPE_DIRECTORY}]
         command = ["dra-driver", "mps-control-daemon", "--uuid", uuid,
-                   "--directory", str(paths.root), "--nvidia-driver-root", DAEMON_DRIVER_ROOT]
+                   "--directory", str(paths.root), "--nvidia-driver-root", DAEMON_DRIVER_ROOT,
+                   "--pipe-directory", PIPE_DIRECTORY]
         if setup.active_threads is not None:
             command += ["--active-thread-percentage", str(setup.active_threads)]
         if setup.pinned_memory is not None:
             command += ["--pinned-memory-limit", setup.pinned_memory]
+        if setup.multi_user:
+            command += ["--multi-user"]
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -255,6 +265,11 @@ class MpsDaemons:
                     "name": COMPONENT,
                     "image": self.image,
                     "command": command,
+                    # Under nvidia-container-runtime a variable set to anything but
+                    # `void` (an image's `all`) makes it inject GPUs; this pod sees its
+                    # GPU as privileged and needs nothing injected
+                    # (docs/migrating-from-device-plugin.md).
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
                     # Root, as NVIDIA runs the control daemon: the image's own user (65532)
                     # can create no socket in the root-owned folders the driver made, and
                     # every MPS prepare would time out. Privileged: the GPU device nodes.
@@ -262,17 +277,17 @@ class MpsDaemons:
                     "volumeMounts": [
                         {"name": "mps", "mountPath": str(paths.root)},
                         {"name": "shm", "mountPath": "/dev/shm"},
-                        {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True},
-                        *chroot_mounts,
+                        # HostToContainer: with the GPU operator's /run/nvidia/driver, a
+                        # pod started before the operator's driver container mounted the
+                        # installation there would see an empty folder for ever.
+                        {"name": "driver-root", "mountPath": DAEMON_DRIVER_ROOT, "readOnly": True,
+                         "mountPropagation": "HostToContainer"},
+                        *pipe_mounts,
                     ],
-                    # Under nvidia-container-runtime a variable set to anything but
-                    # `void` (an image's `all`) makes it inject GPUs; this pod sees its
-                    # GPU as privileged and needs nothing injected
-                    # (docs/migrating-from-device-plugin.md).
-                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
                 }],
                 "volumes": [
                     {"name": "mps", "hostPath": {"path": str(paths.root), "type": "Directory"}},
+                    {"name": "pipe", "hostPath": {"path": str(paths.pipe), "type": "Directory"}},
                     {"name": "shm", "hostPath": {"path": str(paths.shm), "type": "Directory"}},
                     {"name": "driver-root", "hostPath": {"path": str(self.driver_root_host),
                                                          "type": "Directory"}},

@@ -23,6 +23,9 @@ class Setup:
     interval: str = "Default"  # time-slicing
     active_threads: int | None = None  # MPS server default (percent)
     pinned_memory: str | None = None  # MPS server default (quantity)
+    # The control daemon runs with -M: one root server for the clients of every UID. A
+    # daemon is started one way or the other, so claims on one GPU must agree on it.
+    multi_user: bool = False
 
     @property
     def mps(self) -> bool:
@@ -32,7 +35,8 @@ class Setup:
         if not self.mps:
             return f"TimeSlicing (interval {self.interval})"
         defaults = [f"{k}={v}" for k, v in (("defaultActiveThreadPercentage", self.active_threads),
-                                            ("defaultPinnedDeviceMemoryLimit", self.pinned_memory))
+                                            ("defaultPinnedDeviceMemoryLimit", self.pinned_memory),
+                                            ("multiUser", "true" if self.multi_user else None))
                     if v is not None]
         return "MPS" + (f" ({', '.join(defaults)})" if defaults else " (server defaults)")
 
@@ -69,8 +73,31 @@ def for_device(claim: str, device: Device, config: opaque.DeviceConfig,
         interval = sharing.timeSlicingConfig.interval if sharing.timeSlicingConfig else "Default"
         return Setup(opaque.TIME_SLICING, interval=interval)
     mps = sharing.mpsConfig or opaque.MpsConfig()
+    if mps.multiUser:
+        check_multi_user(claim, device)
     return Setup(opaque.MPS, active_threads=mps.defaultActiveThreadPercentage,
-                 pinned_memory=mps.defaultPinnedDeviceMemoryLimit)
+                 pinned_memory=mps.defaultPinnedDeviceMemoryLimit, multi_user=mps.multiUser)
+
+
+# MPS's multi-user mode needs Volta (compute capability 7.0) or newer. An older GPU's
+# control daemon still accepts -M, but its non-root clients then fail in cuInit
+# (CUDA_ERROR_NOT_PERMITTED): refuse the claim at prepare instead, naming the GPU.
+MULTI_USER_MIN_CAPABILITY = (7, 0)
+
+
+def check_multi_user(claim: str, device: Device) -> None:
+    raw = str(device.attributes.get("cudaComputeCapability", ""))
+    try:
+        capability = tuple(int(part) for part in raw.split(".")[:2])
+    except ValueError:
+        capability = ()
+    if len(capability) != 2:
+        raise ClaimError(f"claim {claim}: mpsConfig.multiUser needs a Volta or newer GPU, and "
+                         f"the compute capability of {device.name} is not known")
+    if capability < MULTI_USER_MIN_CAPABILITY:
+        raise ClaimError(f"claim {claim}: mpsConfig.multiUser needs a Volta or newer GPU "
+                         f"(compute capability 7.0); {device.name} has "
+                         f"{capability[0]}.{capability[1]}")
 
 
 def check_compatible(claim: str, device: Device, mine: Setup,

@@ -151,6 +151,8 @@ class DeviceSharing:
         records = [r for r in records if r.uid != uid and r.state is State.PREPARE_COMPLETED]
         run_as = {f"{r.namespace}/{r.name}": r.run_as for r in records}
         for device in daemons:
+            if plan[device].multi_user:
+                continue  # one root server for every UID (-M): no UID waits for another
             others = sorted({(u.claim, run_as.get(u.claim, ()))
                              for u in self.uses(records, only={device})
                              if u.setup is not None and u.setup.mps})

@@ -2,7 +2,8 @@
 
 MPS servers and clients exchange data through shared memory, so every client container
 and the daemon mount the GPU's shm folder at /dev/shm. On a disk-backed folder that
-traffic would be written to the node's disk; NVIDIA mounts a tmpfs there, and so do we.
+traffic would be written to the node's disk; NVIDIA mounts a tmpfs there, and so do we,
+with an explicit size (--mps-shm-size; by default half of the node's memory, as NVIDIA).
 The mount is made by this driver on the host (the chart gives the plugins folder
 Bidirectional mount propagation, so it reaches the host and the runtime's bind mounts)
 and released when the daemon is stopped; an orphan one goes with the orphan daemon at
@@ -22,15 +23,30 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
 # Any UID's clients create their segments there, as in a normal /dev/shm.
-OPTIONS = b"mode=1777"
+MODE = "1777"
+FALLBACK_SIZE = 64 << 20  # where /proc/meminfo cannot be read (NVIDIA's fallback too)
 
 
 def _libc() -> Any:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def ensure_tmpfs(path: Path, device: str, log: Any) -> bool:
-    """Mount a tmpfs at `path` unless one is there; whether `path` is a tmpfs now."""
+def default_size(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Half of the node's memory, as NVIDIA's driver sizes its MPS shm (--mps-shm-size
+    sets another size)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return FALLBACK_SIZE
+
+
+def ensure_tmpfs(path: Path, device: str, log: Any, size: int) -> bool:
+    """Mount a tmpfs of `size` bytes at `path` unless one is there; whether `path` is a
+    tmpfs now. The size is explicit so that what MPS may hold in memory is a number an
+    operator chose (and reads in the mount table), not whatever the kernel defaults to."""
     if os.path.ismount(path):
         return True
     if os.geteuid() != 0:
@@ -38,13 +54,14 @@ def ensure_tmpfs(path: Path, device: str, log: Any) -> bool:
         log.warning("mps_shm_not_tmpfs", device=device, path=str(path),
                     reason="not running as root: a plain folder")
         return False
-    if _libc().mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, OPTIONS) != 0:
+    options = f"mode={MODE},size={size}".encode()
+    if _libc().mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         err = ctypes.get_errno()
         path.chmod(0o1777)
         log.warning("mps_shm_not_tmpfs", device=device, path=str(path),
                     reason=f"mount tmpfs: {os.strerror(err)}")
         return False
-    log.info("mps_shm_mounted", device=device, path=str(path))
+    log.info("mps_shm_mounted", device=device, path=str(path), size=size)
     return True
 
 

@@ -169,16 +169,21 @@ class PodRunner:
         # runc makes each mountpoint in the rootfs as it has been mounted so far; inside a
         # read-only mount it cannot make one, and the container fails to start. (Found on
         # the real cluster: the MPS daemon pod's mounts inside its read-only driver root.)
-        read_only = [(m["mountPath"].rstrip("/") or "/", str(Path(volumes[m["name"]]["hostPath"]["path"])))
-                     for m in container.get("volumeMounts") or [] if m.get("readOnly")]
+        # The mountpoint lies in the deepest mount above it (mounted first: parents before
+        # children); only where that one is read-only must it exist already.
+        read_only = {m["mountPath"].rstrip("/") or "/" for m in container.get("volumeMounts") or []
+                     if m.get("readOnly")}
         for inside, _ in mounts:
-            for ro_inside, ro_outside in read_only:
-                if inside.startswith(ro_inside.rstrip("/") + "/"):
-                    mountpoint = Path(ro_outside) / inside[len(ro_inside):].lstrip("/")
-                    if not mountpoint.exists():
-                        raise _ContainerError(
-                            f'error mounting to rootfs at "{inside}": make mountpoint "{inside}": '
-                            f"mkdirat {mountpoint}: read-only file system")
+            above = [(p, o) for p, o in mounts if inside.startswith(p.rstrip("/") + "/")]
+            if not above:
+                continue
+            parent, parent_outside = max(above, key=lambda m: len(m[0]))
+            if parent in read_only:
+                mountpoint = Path(parent_outside) / inside[len(parent):].lstrip("/")
+                if not mountpoint.exists():
+                    raise _ContainerError(
+                        f'error mounting to rootfs at "{inside}": make mountpoint "{inside}": '
+                        f"mkdirat {mountpoint}: read-only file system")
 
         def translate(value: str) -> str:
             for inside, outside in mounts:
