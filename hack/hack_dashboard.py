@@ -88,6 +88,13 @@ def draw(history: list[tuple[int, dict]], target: Path) -> None:
             ax.plot(seconds, values, label=claim)
         ax.set_ylabel("% kernel time" if scale == 100 else "GiB", color="#8e8e8e", fontsize=8)
         ax.legend(facecolor="#181b1f", labelcolor="#d8d9da", fontsize=7, loc="upper right")
+    # The join on dcgm-exporter's series: the mock run has no dcgm-exporter, so, as in
+    # Grafana, the panel is there and empty.
+    ax = axes(9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, "no data: needs dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE (joined on UUID, GPU_I_ID)",
+            color="#8e8e8e", fontsize=10, ha="center", va="center", transform=ax.transAxes)
     figure.text(0.01, 0.005, "Panels of charts/dra-accel-driver/dashboards/dra-accel-driver.json drawn by "
                 "hack/hack_dashboard.py from a mock run's /metrics (hack/utilization-demo.py), $idle = 60 s; "
                 "not a Grafana screenshot.", color="#8e8e8e", fontsize=8)

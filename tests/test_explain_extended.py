@@ -235,3 +235,36 @@ def test_cli_bad_input_is_one_line(tmp_path):
     assert err.count("\n") == 1 and "Deployment cuda: container app: nvidia.com/gpu: 1.5 is not a whole number" in err
     code, _, err = explain(tmp_path, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "--mock", "mixed")
     assert code == 2 and "no ResourceClaim, ResourceClaimTemplate or pod asking for extended resources" in err
+
+
+# KEP-5004's feature gate DRAExtendedResource, as upstream's feature list has it
+# (k8s.io/kubernetes v1.37.2 test/compatibility_lifecycle/reference/versioned_feature_list.yaml):
+# alpha (off by default) in 1.34, beta (on by default) in 1.36, GA (locked on) in 1.37.
+KEP_5004_STAGES = "alpha 1.34, beta 1.36, GA 1.37"
+
+
+def test_every_text_on_kep_5004_gives_its_stages_as_upstream_has_them():
+    """Issue 38, 10(c): the stages were given as "beta in 1.34/1.35" (1.35 is still alpha)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    files = [repo / "README.md", *sorted((repo / "docs").glob("*.md")),
+             *sorted(p for p in (repo / "driver").rglob("*.py")),
+             *sorted(p for p in (repo / "charts").rglob("*") if p.is_file())]
+    mention = re.compile(r"KEP-5004|DRAExtendedResource\b")
+    stage = re.compile(r"\b(alpha|beta|GA|on by default)(?: in| from| since)? (1\.\d+)")
+    expected = {"alpha": "1.34", "beta": "1.36", "GA": "1.37", "on by default": "1.36"}
+    wrong, stated = [], []
+    for path in files:
+        text = path.read_text(errors="replace")
+        for m in mention.finditer(text):
+            near = text[max(0, m.start() - 200):m.end() + 200]
+            claims = stage.findall(near) + [("1.35", v) for v in re.findall(r"(1\.35)\b", near)]
+            if claims or re.search(r"\b1\.3\d\+", near):
+                stated.append(path)
+                if KEP_5004_STAGES not in re.sub(r"\s+", " ", near):
+                    wrong.append(f"{path.relative_to(repo)}: no {KEP_5004_STAGES!r} near: {near!r}")
+            wrong += [f"{path.relative_to(repo)}: {s} {v}" for s, v in claims if expected.get(s) != v]
+    assert stated and not wrong, "\n".join(wrong)
+    assert KEP_5004_STAGES in extended.__doc__.replace("\n", " ")

@@ -557,9 +557,9 @@ def labelled(metrics: Metrics, name: str) -> list[dict]:
 
 def test_series_carry_the_labels_dcgm_exporter_users_join_on(tmp_path):
     """dcgm-exporter labels a GPU's series with its UUID (a MIG device's with the parent
-    GPU's UUID and GPU_I_ID) and, for DRA devices, dra_driver_name, dra_pool_name,
-    dra_device_name, dra_claim_namespace and dra_claim_name: ours carry the same, so that
-    `on(UUID)` or `on(dra_driver_name, dra_pool_name, dra_device_name)` joins them."""
+    GPU's UUID and GPU_I_ID) and, for devices of the driver gpu.nvidia.com only,
+    dra_driver_name, dra_pool_name, dra_device_name, dra_claim_namespace and dra_claim_name:
+    ours carry the same; `on(UUID, GPU_I_ID)` is the join that matches this driver's GPUs."""
     node, inventory, records, clock, monitor, metrics = monitored(tmp_path)
     held = {(s["dra_device_name"], s["dra_claim_name"]): s for s in labelled(metrics, "kernel_active_ratio")}
     gpu = held[(GPU, "train")]
@@ -582,6 +582,45 @@ def test_series_carry_the_labels_dcgm_exporter_users_join_on(tmp_path):
     assert found["UUID"] == mig.attributes["parentUUID"], "dcgm-exporter: the parent GPU's UUID"
     assert found["GPU_I_ID"] == str(mig.attributes["gpuInstanceID"])
     assert (found["dra_pool_name"], found["dra_claim_name"]) == ("node-b", "train")
+
+
+# The labels dcgm-exporter puts on a GPU's series when the driver that handed the GPU out is
+# not gpu.nvidia.com (its internal/pkg/rendermetrics template; the dra_* labels come only
+# for DRAGPUDriverName = "gpu.nvidia.com", internal/pkg/transformation/kubernetes.go).
+DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID"}
+
+
+def test_dcgm_exporter_is_joined_on_uuid_and_gpu_instance_with_group_right(tmp_path):
+    """Issue 38, item 7: the documented join on the dra_* labels never matched this
+    driver's GPUs. Every query of the dashboard and docs/utilization.md that reads a DCGM
+    series joins on labels dcgm-exporter sets for them and ours carry, and an arithmetic join
+    says group_right: a GPU shared by two claims has one DCGM series and two of ours."""
+    import re
+
+    dashboard = json.loads((REPO / "charts" / "dra-accel-driver" / "dashboards" /
+                            "dra-accel-driver.json").read_text())
+    panels = [t["expr"] for p in dashboard["panels"] for t in p["targets"] if "DCGM_" in t["expr"]]
+    doc = (REPO / "docs" / "utilization.md").read_text()
+    documented = [q for q in re.findall(r"```promql\n(.*?)```", doc, re.S) + re.findall(r"`([^`]*)`", doc)
+                  if "DCGM_" in q and " on " in q]
+    assert panels and len(documented) >= 2, (panels, documented)
+    for query in panels + documented:
+        for operator, on, group in re.findall(r"([-+*/]|\band|\bor|\bunless)\s+on\s*\(([^)]*)\)\s*(group_\w+)?",
+                                              query):
+            labels = {label.strip() for label in on.split(",")}
+            assert labels == {"UUID", "GPU_I_ID"}, query
+            assert labels <= DCGM_LABELS and labels <= set(devicemetrics.LABELS), query
+            if operator in "+-*/":
+                assert group == "group_right", query
+        assert "on (" in query or "on(" in query, query
+    # Why group_right: after the query's `max by (UUID, GPU_I_ID, claim_namespace, claim_name)`
+    # our side has several series for one GPU (two shares of GPU2), dcgm-exporter's one.
+    _, inventory, *_, metrics = monitored(tmp_path)
+    per_gpu: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for s in labelled(metrics, "allocated"):
+        if s["claim_uid"] and s["UUID"]:
+            per_gpu.setdefault((s["UUID"], s["GPU_I_ID"]), set()).add((s["claim_namespace"], s["claim_name"]))
+    assert len(per_gpu[(inventory.get(GPU2).attributes["uuid"], "")]) == 2, per_gpu
 
 
 def test_the_kernel_time_is_not_called_sm_utilization():

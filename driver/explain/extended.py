@@ -1,7 +1,7 @@
 """A pod's extended resources (`resources.limits: nvidia.com/gpu: 1`) as the scheduler turns
-them into a ResourceClaim (KEP-5004: beta in 1.34/1.35 behind DRAExtendedResource, on by
-default in 1.36, GA in 1.37), so that `explain -f pod.yaml` answers for the claim the
-scheduler would make.
+them into a ResourceClaim (KEP-5004, feature gate DRAExtendedResource: alpha 1.34, beta 1.36,
+GA 1.37; on by default from the beta), so that `explain -f pod.yaml` answers for the claim
+the scheduler would make.
 
 The rules are upstream's (kube-scheduler's dynamicresources plugin and the DeviceClass
 extended-resource cache of k8s.io/dynamic-resource-allocation, v1.37):

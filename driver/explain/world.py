@@ -385,8 +385,8 @@ def _add_slices(world: World, slices: list[dict], node: str | None = None) -> No
     def order(o: dict) -> tuple[str, str, str]:
         return _pool_key(o) + ((o.get("metadata") or {}).get("name", ""),)
 
-    for obj in sorted(slices, key=order) + sorted(others, key=order):
-        targets = not any(obj is o for o in others)
+    # (the slices that do not target the node come last, for their counters only)
+    for targets, obj in [(True, o) for o in sorted(slices, key=order)] + [(False, o) for o in sorted(others, key=order)]:
         spec = obj.get("spec") or {}
         driver, pool_name = _pool_key(obj)
         slice_name = (obj.get("metadata") or {}).get("name", "?")

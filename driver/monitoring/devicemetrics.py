@@ -8,10 +8,11 @@ not change between scrapes (a device and the claim that holds it), so each is fo
 once and kept while the series exists; a scrape formats only the values.
 
 Labels: our own (`device`, `kind`, `claim_*`, `share`), and the ones dcgm-exporter puts
-on its series, so that a query can join ours with its (`on(UUID)`, or `on(dra_driver_name,
-dra_pool_name, dra_device_name)`): `UUID` is the GPU's, for a MIG device its parent GPU's,
-with the GPU instance in `GPU_I_ID`, as dcgm-exporter labels MIG series; the `dra_*` labels
-are those dcgm-exporter takes from the kubelet's pod-resources API for DRA devices. A label
+on its series, so that a query can join ours with its (`on(UUID, GPU_I_ID) group_right`:
+one GPU, several claims): `UUID` is the GPU's, for a MIG device its parent GPU's, with the
+GPU instance in `GPU_I_ID`, as dcgm-exporter labels MIG series. The `dra_*` labels are
+those dcgm-exporter takes from the kubelet's pod-resources API, but only for devices of the
+driver gpu.nvidia.com, so they never join this driver's GPUs (docs/utilization.md). A label
 with no value (a NIC's UUID) is left out of a series, as Prometheus treats it.
 
 `rows(views)` says what the series are; `DeviceSeries.render()` writes them the way

@@ -47,10 +47,20 @@ class AllocatedDevice:
 
 
 @dataclass(frozen=True)
+class OpaqueConfig:
+    """One of this driver's opaque configs of the allocation."""
+    source: str  # FromClass or FromClaim
+    requests: tuple[str, ...]  # empty: every request of the claim
+    parameters: Any
+    # The claim's author named requests for it: a device it cannot configure is a mistake
+    # to report, not a device of another kind that a claim-wide config leaves alone.
+    aimed: bool
+
+
+@dataclass(frozen=True)
 class Allocation:
     devices: tuple[AllocatedDevice, ...]
-    # (source, requests, parameters) for this driver's opaque configs, class ones first.
-    configs: tuple[tuple[str, tuple[str, ...], Any], ...]
+    configs: tuple[OpaqueConfig, ...]  # this driver's, class ones first
 
 
 def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
@@ -81,14 +91,49 @@ def allocation_for(claim: dict, ref: ClaimRef, driver: str) -> Allocation:
                                          r.get("adminAccess") is True,
                                          {str(k): str(v) for k, v in consumed.items()}))
     allocated = tuple(allocated)
-    configs = []
     entries = [c for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
     # Class configs first, claim configs after: later entries win (stable within a source).
     entries.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
+    unnamed = _unnamed_in_spec(claim, driver, devices.get("results") or [])
+    configs = []
     for entry in entries:
-        configs.append((str(entry.get("source", "")), tuple(entry.get("requests") or ()),
-                        entry["opaque"].get("parameters")))
+        requests = tuple(entry.get("requests") or ())
+        # A class config's requests are the scheduler's bookkeeping (the requests of the
+        # class), never a choice of the claim's author: it applies to the devices it can.
+        aimed = False
+        if entry.get("source") != "FromClass":
+            if not requests:
+                match = next((i for i, c in enumerate(unnamed) if c.get("opaque") == entry["opaque"]), None)
+                if match is not None:  # the spec's entry, and those before it are passed
+                    requests = tuple(unnamed[match].get("requests") or ())
+                    del unnamed[:match + 1]
+            aimed = bool(requests)
+        configs.append(OpaqueConfig(str(entry.get("source", "")), requests,
+                                    entry["opaque"].get("parameters"), aimed))
     return Allocation(allocated, tuple(configs))
+
+
+def _unnamed_in_spec(claim: dict, driver: str, results: list[dict]) -> list[dict]:
+    """The claim's configs for `driver` that the allocation shows without `requests`, as
+    the claim's spec (immutable) has them, in order.
+
+    The scheduler clears `requests` of every config that names all of the claim's requests
+    (or their chosen subrequests, `req/sub`): "empty means all" (k8s.io/dynamic-resource-
+    allocation structured/internal/*/allocator_*.go). Taken as claim-wide, a GpuConfig
+    aimed at a one-request claim's FPGA would be skipped in silence. The spec's configs
+    that name no request or all of them are exactly those entries, each copied in the
+    spec's order, so they pair up in order (their `opaque` must agree)."""
+    spec = (claim.get("spec") or {}).get("devices") or {}
+    names = [r.get("name") for r in spec.get("requests") or [] if isinstance(r, dict)]
+    chosen = {str(r.get("request", "")).split("/", 1)[0]: str(r.get("request", ""))
+              for r in results if "/" in str(r.get("request", ""))}
+
+    def names_all(requests: list) -> bool:
+        return all(n in requests or chosen.get(n) in requests for n in names)
+
+    return [c for c in spec.get("config") or [] if isinstance(c, dict)
+            and (c.get("opaque") or {}).get("driver") == driver
+            and (not c.get("requests") or (isinstance(c["requests"], list) and names_all(c["requests"])))]
 
 
 class ClaimReader:

@@ -372,16 +372,17 @@ class Preparer:
     def _config_for(self, ref: ClaimRef, device: Device, request: str,
                     allocation: Allocation) -> opaque.DeviceConfig:
         chosen = opaque.default_for(device.kind)
-        for source, requests, parameters in allocation.configs:
+        for entry in allocation.configs:
+            requests = entry.requests
             if requests and request not in requests and base_request(request) not in requests:
                 continue
             try:
-                config = opaque.decode(parameters)
+                config = opaque.decode(entry.parameters)
             except opaque.ConfigDecodeError as err:
-                raise ClaimError(f"claim {ref}: invalid opaque config ({source or 'unknown source'}"
+                raise ClaimError(f"claim {ref}: invalid opaque config ({entry.source or 'unknown source'}"
                                  f" for {self.driver}): {err}") from err
             if device.kind not in opaque.APPLIES_TO[type(config)]:
-                if requests:  # aimed at this request explicitly: a mistake worth reporting
+                if entry.aimed:  # the claim named this request for it: a mistake worth reporting
                     raise ClaimError(f"claim {ref}: {type(config).__name__} cannot configure "
                                      f"{device.kind.value} device {device.name}")
                 continue  # a claim-wide config for another kind of device

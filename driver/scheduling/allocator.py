@@ -196,8 +196,13 @@ def _shares_fit(shares: Shares, chosen: list[Choice], used: set[str], devices: t
     return True
 
 
+def _as_published(device: Device) -> dict[str, dict]:
+    """A dedicated device's capacity as its slice entry has it (no request policy)."""
+    return {k: {"value": str(v)} for k, v in device.capacity.items()}
+
+
 def _dedicated_holds(device: Device, requests: dict) -> bool:
-    shares = Shares(capacity={device.name: {k: {"value": str(v)} for k, v in device.capacity.items()}})
+    shares = Shares(capacity={device.name: _as_published(device)})
     return shares.amount(device.name, requests) is not None
 
 
@@ -265,9 +270,7 @@ def allocate(claim_spec: dict, inventory: Inventory, classes: dict[str, list[str
                 if not (device.name in shares.capacity and device.name in shares.used) and \
                         not counters.fits(device.name):
                     continue  # its counters are taken by what was allocated before
-                problem = capacity_error(
-                    shares.capacity.get(device.name) or {k: {"value": str(v)} for k, v in device.capacity.items()},
-                    requests)
+                problem = capacity_error(shares.capacity.get(device.name) or _as_published(device), requests)
                 if problem:  # the scheduler stops here, whatever the other devices offer
                     raise Unsatisfiable(f"request {name}: checking capacity for device {device.name}: {problem}")
                 if device.name in shares.capacity:

@@ -293,12 +293,37 @@ def _notify(state: State, kind: str, obj: dict) -> None:
 
 def claim_allocated(namespace: str, name: str, uid: str, results: list[dict],
                     config: list[dict] | None = None, version: str = "v1") -> dict:
+    """A claim as the real scheduler leaves it allocated: `config` is the allocation's
+    (FromClass entries and the claim's own FromClaim ones), and the claim's spec carries
+    the FromClaim ones as written."""
+    requests = [{"name": r["request"].split("/")[0]} for r in results]
+    spec: dict = {"requests": requests}
+    written = [{**({"requests": list(c["requests"])} if c.get("requests") else {}), "opaque": c["opaque"]}
+               for c in config or [] if c.get("source") == "FromClaim"]
+    if written:
+        spec["config"] = written
     return {
         "apiVersion": f"{GROUP}/{version}", "kind": "ResourceClaim",
         "metadata": {"namespace": namespace, "name": name, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": r["request"].split("/")[0]} for r in results]}},
-        "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
+        "spec": {"devices": spec},
+        "status": {"allocation": {"devices": {"results": results,
+                                              "config": scheduler_config(requests, results, config or [])}}},
     }
+
+
+def scheduler_config(requests: list[dict], results: list[dict], config: list[dict]) -> list[dict]:
+    """The allocation's configs as the real scheduler writes them: `requests` cleared where
+    they name every request of the claim, or its chosen subrequest `req/sub` ("empty means
+    all", k8s.io/dynamic-resource-allocation structured/internal/*/allocator_*.go), so a
+    config aimed at every request reads like a claim-wide one."""
+    chosen = {r["request"].split("/", 1)[0]: r["request"] for r in results if "/" in r["request"]}
+
+    def names_all(named: list[str]) -> bool:
+        return all(r["name"] in named or chosen.get(r["name"]) in named for r in requests)
+
+    # nil on the scheduler's side: the field is left out of the stored object
+    return [{k: v for k, v in c.items() if k != "requests"}
+            if c.get("requests") and names_all(c["requests"]) else c for c in config]
 
 
 _SLICES = re.compile(rf"^/apis/{re.escape(GROUP)}/(v1|v1beta2|v1beta1)/resourceslices(?:/([^/]+))?$")
