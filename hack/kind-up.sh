@@ -15,7 +15,10 @@ kind get clusters | grep -qx "$CLUSTER" || \
   kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config hack/kind-cluster.yaml
 docker build -t "$IMAGE" .
 kind load docker-image --name "$CLUSTER" "$IMAGE"
-helm upgrade --install dra charts/dra-accel-driver --namespace dra-system --create-namespace \
+kubectl create namespace dra-system --dry-run=client -o yaml | kubectl apply -f -
+# Privileged pods with host paths (the driver, MPS daemons): see the chart's README.
+kubectl label namespace dra-system pod-security.kubernetes.io/enforce=privileged --overwrite
+helm upgrade --install dra-accel-driver charts/dra-accel-driver --namespace dra-system \
   --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
   --set mock.enabled=true --set mock.profile="$PROFILE" --wait
 kubectl get resourceslices -o wide

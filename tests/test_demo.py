@@ -217,6 +217,7 @@ def test_sigterm_and_ctrl_c_clean_up(tmp_path, signum, code, word):
     while _driver_processes(str(cdi_root)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _driver_processes(str(cdi_root)) == []
+    assert _leftovers(proc.pid) == [], "no process, mount or folder either"
 
 
 def test_stale_demo_specs_are_removed_and_said(tmp_path):
@@ -240,7 +241,9 @@ def test_stale_demo_specs_are_removed_and_said(tmp_path):
 
 def _leftovers(pid: int) -> list[str]:
     """What a demo of this PID left on the host: CDI specs, containers podman knows,
-    containers only runc knows, conmon processes, and its driver process."""
+    containers only runc knows, conmon processes, any process that names its work folder
+    (its driver, an MPS control daemon the emulated kubelet ran), mounts below that folder
+    (an MPS share's shm tmpfs) and the folder itself."""
     found = [p.name for p in Path("/var/run/cdi").glob(f"accel.dra.io-claim_demo-{pid}-*.json")]
     if podman_ready() is None:
         names = subprocess.run(["podman", "ps", "--all", "--external", "--format", "{{.Names}}"],
@@ -259,8 +262,12 @@ def _leftovers(pid: int) -> list[str]:
             except OSError:
                 continue
             if (cmdline.startswith("/usr/bin/conmon") and f" dra-demo-{pid}-" in cmdline) or \
-                    f"/dra-demo-{pid}-" in cmdline and " run " in cmdline and "--mock" in cmdline:
+                    f"/dra-demo-{pid}-" in cmdline:
                 found.append(f"process {proc.name}: {cmdline[:80]}")
+    # As the kernel lists them (octal escapes), the mount points below its work folder.
+    found += [f"mount {line.split()[1]}" for line in Path("/proc/self/mounts").read_text().splitlines()
+              if f"/dra-demo-{pid}-" in line.split()[1]]
+    found += [f"folder {p}" for p in Path("/tmp").glob(f"dra-demo-{pid}-*")]
     return found
 
 
@@ -324,6 +331,145 @@ def test_leftovers_of_a_killed_demo_are_removed_at_the_next_start(tmp_path):
     (said,) = [line for line in out if "container(s) of an earlier demo run" in line]
     assert f"dra-demo-{dead}-1" in said and f"dra-demo-{dead}-2" in said
     assert _leftovers(dead) == []
+
+
+SHARE_A = "gpu-0000-21-00-0"  # the GPU of the mixed profile that share-a and share-b share
+
+
+def _mps_daemons(pid: int) -> list[int]:
+    """The MPS control daemons (`dra-driver mps-control-daemon`) of the demo of this PID."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace") if proc.name.isdigit() else ""
+        except OSError:
+            continue
+        if "\0mps-control-daemon\0" in cmdline and f"/dra-demo-{pid}-" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def _share_a_shm(pid: int) -> list[Path]:
+    return list(Path("/tmp").glob(f"dra-demo-{pid}-*/state/mps/{SHARE_A}/shm"))
+
+
+def _demo_at_share_a(cdi_root: Path, in_flight: bool = False) -> subprocess.Popen | None:
+    """`dra-driver demo` (mixed) in a session of its own, as a terminal runs it, stopped
+    (SIGSTOP) once share-a is prepared, or with `in_flight` while its NodePrepareResources
+    call is in flight: the driver has made the GPU's MPS folder (and, as root, mounted its
+    shm tmpfs) and the daemon is not ready yet, so the call cannot have returned. Its GPU's
+    MPS control daemon (a local process of the emulated kubelet) and the driver run on.
+    A CDI directory podman does not read: no containers, which this is not about. None
+    where the daemon was ready before the demo could be stopped (the caller tries again)."""
+    proc = subprocess.Popen([sys.executable, "-m", "driver", "demo", "--cdi-root", str(cdi_root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    step = "allocated:" if in_flight else "prepared:"
+    for line in proc.stdout:
+        if line.strip().startswith(step) and SHARE_A in line:
+            break
+    else:
+        pytest.fail(f"share-a was never {step.rstrip(':')}: {proc.communicate()[1][-600:]}")
+    if in_flight:
+        # The demo now waits for the prepare; the driver makes the MPS folder and mounts its
+        # shm before it creates the daemon's pod, then waits until the daemon is ready.
+        mounted = os.path.ismount if os.geteuid() == 0 else os.path.isdir
+        deadline = time.monotonic() + 60  # a hang guard, not a timing
+        while not any(mounted(p) for p in _share_a_shm(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    proc.send_signal(signal.SIGSTOP)  # frozen there (its pods and driver run on)
+    if in_flight and any((p.parent / "ready").exists() for p in _share_a_shm(proc.pid)):
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
+        proc.communicate(timeout=60)
+        return None
+    left = _leftovers(proc.pid)
+    assert in_flight or _mps_daemons(proc.pid), left
+    assert any(item.startswith("folder /tmp/dra-demo-") for item in left), left
+    if os.geteuid() == 0:
+        assert f"mount /tmp/dra-demo-{proc.pid}-" in "\n".join(left) and \
+            f"/mps/{SHARE_A}/shm" in "\n".join(left), left
+    return proc
+
+
+@pytest.mark.parametrize("in_flight", [True, False], ids=["share-a-preparing", "share-a-prepared"])
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_interrupted_during_an_mps_share_it_leaves_no_mount_daemon_or_folder(tmp_path, signum, code, word,
+                                                                            in_flight):
+    """Issue 40: Ctrl-C while share-a ran printed "cleaned up" and left the share's shm
+    tmpfs mounted and the work folder behind (a prepare cut short by the signal is never
+    unprepared, so the driver never stops the daemon nor unmounts). Frozen there, then
+    signalled as a terminal does (the whole process group)."""
+    for _ in range(3):
+        proc = _demo_at_share_a(tmp_path / "cdi", in_flight)
+        if proc is not None:
+            break
+    else:
+        pytest.fail("the MPS daemon was ready each time before the demo could be stopped")
+    os.killpg(proc.pid, signum)
+    proc.send_signal(signal.SIGCONT)
+    rest, errors = proc.communicate(timeout=60)
+    assert proc.returncode == code, errors
+    assert f"({word}); cleaned up" in rest and "Traceback" not in rest + errors
+    assert _leftovers(proc.pid) == []
+
+
+def test_a_killed_demo_s_mps_daemon_mount_and_folder_are_removed_at_the_next_start(tmp_path):
+    """Issue 40: after `kill -9` during an MPS share the next start removed the stale CDI
+    specs but left the orphaned MPS control daemon, its shm tmpfs and the work folder. The
+    next start now removes them too, and says what it removed."""
+    cdi_root = tmp_path / "cdi"
+    proc = _demo_at_share_a(cdi_root)
+    proc.kill()
+    proc.communicate()
+    assert list(cdi_root.glob(f"accel.dra.io-claim_demo-{proc.pid}-*.json"))
+    code, out, err = _demo("--profile", "alveo", cdi_root=cdi_root)
+    assert code == 0, out + err
+    (said,) = [line for line in out if f"removed what demo run {proc.pid} (no longer running) left:" in line]
+    assert "dra-driver mps-control-daemon" in said and f"its folder /tmp/dra-demo-{proc.pid}-" in said, said
+    if os.geteuid() == 0:
+        assert f"1 mount(s) (state/mps/{SHARE_A}/shm)" in said, said
+    assert any("stale CDI spec(s)" in line for line in out)
+    assert _leftovers(proc.pid) == []
+    assert list(cdi_root.glob("*.json")) == []
+
+
+def test_only_what_a_dead_demo_left_is_removed(tmp_path):
+    """The next start's cleanup, over a folder of its own: it removes the folder of a dead
+    run and stops the process that names it, and leaves alone a running demo's folder and
+    process, the folder of a PID that runs but never locked one (not provably a demo's),
+    the folder whose demo kept it for its log, and a process naming another folder."""
+    from driver.demo import _demo_alive, killed
+
+    dead = tmp_path / "dra-demo-4194999-x"  # above the kernel's PID limit: nothing runs with it
+    kept = tmp_path / "dra-demo-4194998-y"
+    other = tmp_path / "not-a-demo-4194999"
+    for folder in (dead, kept, other):
+        (folder / "state").mkdir(parents=True)
+    (dead / killed.RUNNING).touch()
+    (kept / killed.KEPT).touch()
+    sleeper = [sys.executable, "-c", "import time, sys; time.sleep(60)"]
+    holder = subprocess.Popen([*sleeper, "demo"])  # a `dra-driver demo` says so in its command line
+    running = tmp_path / f"dra-demo-{holder.pid}-z"
+    (running / "state").mkdir(parents=True)
+    starting = subprocess.Popen(sleeper)  # a PID that runs, no lock taken in its folder
+    unlocked = tmp_path / f"dra-demo-{starting.pid}-s"
+    unlocked.mkdir()
+    procs = {f: subprocess.Popen([*sleeper, str(f / "state")], start_new_session=True)
+             for f in (dead, running, other)}
+    try:
+        removed = killed.remove(_demo_alive, tmp=tmp_path)
+        assert [r.folder for r in removed] == [dead]
+        (done,) = removed
+        assert [p.pid for p in done.processes] == [procs[dead].pid] and done.folder_removed
+        assert procs[dead].wait(timeout=10) == -signal.SIGTERM
+        assert not dead.exists()
+        assert kept.exists() and running.exists() and unlocked.exists() and other.exists()
+        assert procs[running].poll() is None and procs[other].poll() is None
+    finally:
+        for p in [*procs.values(), holder, starting]:
+            p.kill()
+            p.wait()
 
 
 def test_a_demo_run_inside_another_program_keeps_its_specs_and_containers(tmp_path):

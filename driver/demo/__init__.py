@@ -14,7 +14,10 @@ success, on failure, on Ctrl-C and on SIGTERM; at start, those of earlier demos 
 no longer running (the PID in the name) are removed. So are containers: named
 `dra-demo-<pid>-<n>`, with their rootfs in `/tmp/dra-demo-<pid>-*/`, so that those of a
 killed demo are found at the next start even where podman itself lost track of them
-(killed while creating one: only `runc list` shows it). The driver process and podman run
+(killed while creating one: only `runc list` shows it). An MPS share's shm tmpfs, which
+the driver releases only when it stops the GPU's daemon, is unmounted when the demo ends
+however it ends; what a killed demo left in its work folder (MPS daemons, mounts, the
+folder) goes at the next start (driver/demo/killed.py). The driver process and podman run
 in their own sessions, so that the terminal's Ctrl-C reaches only the demo, which
 unprepares through the driver and then stops it; the driver still dies with the demo.
 
@@ -46,9 +49,10 @@ from driver import needs_demo_extra
 from driver.publish import deviceclasses, slices
 
 from driver.kube import quantity
-from driver.demo import podman
+from driver.demo import killed, podman
 from driver.demo.claims import BUILTIN, ClaimFileError, DemoClaim, fill, from_file
 from driver.devices.model import Device, DeviceKind, Inventory
+from driver.prepare import shm
 
 NODE = "demo-node"
 UID_PREFIX = "demo-"
@@ -131,7 +135,7 @@ def _running_demo(spec: Path, driver: str) -> bool:
     return pid.isdigit() and _demo_alive(int(pid))
 
 
-RUNNING = ".running"  # in the work directory, locked while that demo runs
+RUNNING = killed.RUNNING  # in the work directory, locked while that demo runs
 
 
 def _demo_alive(pid: int) -> bool:
@@ -190,7 +194,8 @@ class Demo:
                 "--state-dir", str(self.work / "state"), "--metrics-port", "0", "--healthz-port", "0",
                 "--log-format", "json",
                 # Whole GPUs are published as shareable: a claim that asks for part of one
-                # gets a share, enforced through the GPU's MPS daemon (run by the pod runner).
+                # gets a share under the GPU's MPS daemon (run by the pod runner); its limits are
+                # per-process MPS settings, not enforced (docs/sharing.md).
                 "--gpu-sharing", "consumable", "--mps-image", "dra-accel-driver:demo",
                 "--namespace", "default", "--mig-mode", self.mig_mode]
         with open(self.log_file, "wb") as log:
@@ -246,6 +251,10 @@ class Demo:
             if containers:
                 self.out(f"== removed {len(containers)} container(s) of an earlier demo run: "
                          f"{', '.join(containers)}")
+        # After the containers (their rootfs is in those folders): the MPS daemons, shm
+        # mounts and work folders of killed runs.
+        for removed in killed.remove(_demo_alive):
+            self.out(f"== {removed.describe()}")
 
     def remove_our_specs(self) -> int:
         removed = 0
@@ -403,8 +412,12 @@ class Demo:
                     self.stop_driver(grace=5)
         finally:
             self.remove_our_specs()
+            # The node is down (its pods' processes ended): an MPS share's shm tmpfs that the
+            # driver had no time to release (Ctrl-C) would keep the folder and its mount.
+            shm.release_all_under(self.work)
             running.close()
             if keep_log:
+                (self.work / killed.KEPT).touch()  # the next start leaves it to the user
                 self.err(f"dra-driver demo: driver log kept in {self.log_file}")
             else:
                 shutil.rmtree(self.work, ignore_errors=True)

@@ -1,12 +1,20 @@
-{{/* Every object's name starts with the release name; the chart's name follows unless the
-release name already contains it, so cluster-scoped objects (ClusterRole, admission
-policy) never collide with another chart's. DeviceClasses are the exception: their names
-(gpu.<driverName>, ...) are what users' claims reference. */}}
+{{/* Helm's fullname convention: fullnameOverride as it is; else the release name, followed
+by the chart's name (nameOverride) unless the release name already contains it, so that
+`helm install dra-accel-driver` names objects dra-accel-driver-… and not
+dra-accel-driver-dra-accel-driver-…, and cluster-scoped objects (ClusterRole, admission
+policies) never collide with another release's. 40 characters at most, so that the
+longest name (<fullname>-kubelet-plugin) stays a DNS label (63). DeviceClasses are the
+exception: their names (gpu.<driverName>, ...) are what users' claims reference. */}}
 {{- define "dra.fullname" -}}
-{{- if contains "dra-accel-driver" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := .Values.nameOverride | default .Chart.Name -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-dra-accel-driver" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -28,6 +36,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else -}}
 {{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The MPS control daemon pods' image: the DaemonSet hands it to the driver, and the
+own-node-pods admission policy admits no other image in a pod the driver creates. */}}
+{{- define "dra.mpsImage" -}}
+{{- .Values.mps.image | default (printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion)) -}}
 {{- end -}}
 
 {{/* The newest resource.k8s.io version the cluster serves, unless set explicitly. Where
@@ -58,10 +72,21 @@ what to change. */}}
 {{- fail (printf "metrics.port and healthz.port are both %d: the driver serves /metrics and its probes on two ports and would stop at start (port in use); pick another port, or metrics.port=0 to disable metrics" (int .Values.healthz.port)) }}
 {{- end }}
 {{- if and .Values.acceleratorNodes.enabled (not .Values.mock.enabled) (not .Values.affinity) }}
-{{- if not (concat (.Values.acceleratorNodes.labels | default list) (.Values.acceleratorNodes.extraLabels | default list)) }}
+{{- if not (include "dra.nodeLabels" . | fromJsonArray) }}
 {{- fail "acceleratorNodes.labels and acceleratorNodes.extraLabels are both empty: the DaemonSet's node affinity would match no node. Name a node label, or set acceleratorNodes.enabled=false to run on every node (nodeSelector and affinity still apply)" }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The node labels of which any one puts a driver pod on a node (acceleratorNodes), as a
+JSON list: the DaemonSet's affinity, the render's check and the install notes read the
+same list. */}}
+{{- define "dra.nodeLabels" -}}
+{{- $labels := concat (.Values.acceleratorNodes.labels | default list) (.Values.acceleratorNodes.extraLabels | default list) }}
+{{- if .Values.acceleratorNodes.sriovNics }}
+{{- $labels = append $labels "feature.node.kubernetes.io/network-sriov.configured" }}
+{{- end }}
+{{- toJson $labels }}
 {{- end -}}
 
 {{/*
