@@ -1,12 +1,14 @@
-"""What runs while the driver serves, beside the kubelet's calls: the registration offered
-again until the kubelet takes it, the node's extended resources checked once, shared GPUs
-reconciled and device health probed periodically. Each loop outlives its own errors (a
+"""What runs while the driver serves, beside the kubelet's calls: the registration held
+back during an upgrade until this instance can serve and offered again until the kubelet
+takes it, the node's extended resources checked once, shared GPUs reconciled and device
+health probed periodically. Each loop outlives its own errors (a
 bug is logged, the loop goes on); the plugin (driver/plugin.py) starts and cancels them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -17,6 +19,7 @@ from driver.kubelet.registration import Registration
 from driver.monitoring.health import Prober
 from driver.prepare.preparer import Preparer
 from driver.publish import extendedresources
+from driver.state.instance import Peer
 
 REGISTRATION_BACKOFF_CAP = 300.0
 
@@ -47,6 +50,37 @@ async def reoffer_registration(registration: Registration, offer: Callable[[], A
                     retry_in=delay, socket=str(socket))
         await asyncio.sleep(delay)
         await offer()
+
+
+SERVING_POLL_SECONDS = 0.5
+
+
+async def register_when_serving(registration: Registration, published: Callable[[], bool],
+                                peers: Callable[[], list[Peer]],
+                                poll: float = SERVING_POLL_SECONDS) -> None:
+    """During an upgrade: return once this instance can serve, its slices published (so
+    its API client works: credentials, CA, network), or once no other instance is left.
+
+    The kubelet sends every new call to the newest registration. A new pod that registers
+    before it can read a claim takes the node's prepares from the old pod that still can,
+    and they fail until someone deletes it; unregistered (and so unready), it stalls the
+    rollout instead while the old pod serves."""
+    log = structlog.get_logger(component="registration")
+    serving = [p.token for p in peers()]
+    registration.held = f"instance(s) {', '.join(serving)} serve the node until this one has published"
+    log.info("registration_deferred", serving=serving,
+             reason="a peer instance serves until this one has published its slices")
+    started = time.monotonic()
+    try:
+        while not published():
+            if not peers():
+                log.warning("registration_offered_unpublished",
+                            reason="no other instance is left to serve the node")
+                return
+            await asyncio.sleep(poll)
+        log.info("registration_released", waited=round(time.monotonic() - started, 2))
+    finally:
+        registration.held = None
 
 
 async def check_extended_resources(kube: Kube, node: str, names: tuple[str, ...],

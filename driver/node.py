@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import structlog
+
 from driver.config import Config
 from driver.devices import mock
 from driver.devices.discovery import Sources
-from driver.devices.nvml import load_nvml
+from driver.devices.nvml import bind_library, load_nvml
 from driver.devices.pciids import PciIds
 from driver.state.instance import Instance
 
@@ -33,9 +35,16 @@ class NodeRoots:
                    pci_ids=node.pci_db)
 
     def sources(self, config: Config, mig_mode: str | None = None,
-                owned_mig: Callable[[], set] = set) -> Sources:
+                owned_mig: Callable[[], set] = set,
+                away_netdevs: Callable[[], tuple] = tuple) -> Sources:
+        if self.mock is None and self.nvml is not None:
+            # Each discovery (start, rediscovery) looks again: the installation may have
+            # appeared under the driver root since the last one.
+            library = bind_library(self.nvml, self.driver_root_local)
+            if library is not None:  # not there at start: from now on GPUs are published
+                structlog.get_logger(component="nvml").info("nvml_library_loaded", library=str(library))
         return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids,
-                       mig_mode or config.mig_mode, owned_mig)
+                       mig_mode or config.mig_mode, owned_mig, away_netdevs)
 
 
 def open_node(config: Config, mock_root: Path | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,14 +23,16 @@ import grpc
 import structlog
 
 from driver import loops, preflight
+from driver.aio import wait_event
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.assembly import Parts, assemble
 from driver.config import Config
+from driver.devices.driverwait import LIBRARY, DriverWait
 from driver.kube.client import ClientConfigError, Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet import service
 from driver.kubelet.sockets import OwnedSocket
-from driver.monitoring.probes import HttpEndpoint
+from driver.monitoring.probes import HttpEndpoint, Probes
 from driver.publish.hotplug import UeventMonitor
 from driver.state.instance import Instance
 
@@ -69,10 +72,12 @@ class Plugin(Parts):
         # The API client (its TLS context; for a kubeconfig with an exec plugin, the
         # `kubernetes` package and the plugin) comes after the registration socket, so
         # that the kubelet finds a starting node's driver sooner;
-        # a prepare that arrives first makes it or waits for it (Kube.connect). During an
-        # upgrade it comes first: a new pod whose kubeconfig only the client's loader
-        # rejects must fail before it takes the registration socket from the pod that
-        # still works.
+        # a prepare that arrives first makes it or waits for it (Kube.connect); with no
+        # other instance there is nobody to take the node's prepares from. During an
+        # upgrade the registration waits until this instance has published its slices
+        # (its credentials, CA and network work; loops.register_when_serving): the kubelet
+        # sends every new call to the newest registration, and a new pod that cannot read
+        # claims would take them from the pod that still can.
         upgrade = bool(self.instance.peers())
         if upgrade:
             await self._connect()
@@ -80,8 +85,8 @@ class Plugin(Parts):
         service.add_to_server(dra, self.preparer, self.metrics)
         health_stream.add_to_server(dra, self.health, self.config.node_name)
         await self._serve(dra, OwnedSocket(self.config.dra_socket, self.instance.token))
-        await self._offer_registration()
         if not upgrade:
+            await self._offer_registration()
             await self._connect()
 
         # Publishing, rediscovery and health run beside the servers: an unreachable API
@@ -96,10 +101,7 @@ class Plugin(Parts):
             asyncio.create_task(loops.reconcile_sharing(self.preparer,
                                                         self.config.sharing_reconcile_interval),
                                 name="sharing"),
-            asyncio.create_task(loops.reoffer_registration(self.registration, self._offer_registration,
-                                                           self.config.registration_timeout,
-                                                           self.config.registration_socket),
-                                name="registration"),
+            asyncio.create_task(self._registration(held=upgrade), name="registration"),
         ]
         if self.config.extended_resource_names:
             self._tasks.append(asyncio.create_task(loops.check_extended_resources(
@@ -125,6 +127,17 @@ class Plugin(Parts):
             mock=self.config.mock.name if self.config.mock else None,
             instance=self.instance.token,
         )
+
+    async def _registration(self, held: bool) -> None:
+        """The registration socket, offered now (`held` False: already offered) or once
+        this instance can serve, then offered again until the kubelet takes it."""
+        if held:
+            await loops.register_when_serving(self.registration, lambda: self.publisher.stats.published,
+                                              self.instance.peers)
+            await self._offer_registration()
+        await loops.reoffer_registration(self.registration, self._offer_registration,
+                                         self.config.registration_timeout,
+                                         self.config.registration_socket)
 
     async def _connect(self) -> None:
         """Make the API client, off the loop (the import is ~0.2 s of Python)."""
@@ -201,16 +214,19 @@ class Plugin(Parts):
 
 
 async def serve(config: Config, kube: Kube | None = None) -> int:
-    plugin = Plugin.create(config, kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # Before the plugin is made: its first discovery loads NVML from the installation.
+    if not await wait_for_nvidia_driver(config, stop):
+        return 0  # stopped while waiting; nothing was started
+    plugin = Plugin.create(config, kube)
     # Every claim's file writes run in the default executor (asyncio.to_thread; its GET
     # runs on the loop). Python sizes it from the host's CPU count (6 threads on 2 CPUs,
     # 32 on big hosts), whatever the pod's CPU limit; the work is mostly waiting on the
     # disk, so the size is ours to set, the same on every node.
     loop.set_default_executor(ThreadPoolExecutor(config.claim_workers, thread_name_prefix="claims"))
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
         await plugin.start()
         # What exists now lives as long as the process: the modules, the configuration,
@@ -226,3 +242,61 @@ async def serve(config: Config, kube: Kube | None = None) -> int:
     finally:
         await plugin.stop()
     return 0
+
+
+NVIDIA_WAIT_POLL_SECONDS = 1.0
+
+
+async def wait_for_nvidia_driver(config: Config, stop: asyncio.Event) -> bool:
+    """On a node with NVIDIA GPUs whose driver installation has no NVML library yet (the GPU
+    operator's driver container has not mounted it; driver/devices/driverwait.py), wait
+    for it up to --nvidia-driver-wait, serving /livez (ok) and /readyz (not ready, saying
+    why) meanwhile. After the bound the driver starts without GPUs and says so; rediscovery
+    loads the library when it appears (driver/node.py). False when stopped while waiting."""
+    if config.mock is not None or not config.nvidia_driver_wait:
+        return True  # a mock node's NVML lives in this process
+    wait = DriverWait(config.sysfs_root, config.nvidia_driver_root_mount)
+    gpus = wait.gpus_without_library()
+    if not gpus:
+        return True
+    log = structlog.get_logger(component="plugin")
+    root, bound = str(config.nvidia_driver_root), config.nvidia_driver_wait
+    log.info("nvidia_driver_waiting", driver_root=root, library=LIBRARY, gpus_on_pci=gpus,
+             timeout_seconds=bound)
+    started = time.monotonic()
+
+    def ready() -> tuple[bool, str]:
+        return False, (f"waiting for the NVIDIA driver: no {LIBRARY} under {root} yet, {gpus} "
+                       f"NVIDIA GPU(s) on the PCI bus ({time.monotonic() - started:.0f}s of at "
+                       f"most {bound:g}s, --nvidia-driver-wait)")
+
+    probes = Probes(ready)
+    endpoint = None
+    if config.healthz_port:
+        try:
+            endpoint = HttpEndpoint(config.healthz_port, probes=probes).start()
+        except OSError as err:
+            raise StartupError(preflight.port_problem(err, config.healthz_port, "--healthz-port")) from err
+    heartbeat = asyncio.create_task(probes.heartbeat(), name="heartbeat")
+    library = None
+    try:
+        while not stop.is_set():
+            library = wait.library()
+            remaining = started + bound - time.monotonic()
+            if library is not None or remaining <= 0:
+                break
+            await wait_event(stop, min(NVIDIA_WAIT_POLL_SECONDS, remaining))
+    finally:
+        heartbeat.cancel()
+        if endpoint is not None:
+            endpoint.stop()  # the plugin serves the probes on the same port next
+    waited = round(time.monotonic() - started, 1)
+    if library is not None:
+        log.info("nvidia_driver_wait_ended", found=True, library=str(library), waited_seconds=waited)
+    elif stop.is_set():
+        log.info("nvidia_driver_wait_ended", found=False, waited_seconds=waited, reason="stopping")
+    else:
+        log.warning("nvidia_driver_wait_ended", found=False, waited_seconds=waited, driver_root=root,
+                    reason=f"no {LIBRARY} within {bound:g}s: starting without GPUs; rediscovery "
+                           "publishes them once it appears (--rediscover-interval)")
+    return not stop.is_set()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from pathlib import Path
 
-from driver.kubelet.sockets import OwnedSocket, sweep_private
+from driver.kubelet.sockets import OwnedSocket, registration_ours, sweep_private, sweep_public
 from driver.preflight import writable_directory
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import PluginWatcher
-from tests.driverproc import DriverDirs, DriverProcess
+from tests.driverproc import DRIVER, DriverDirs, DriverProcess
 
 LAG = 0.3  # a kubelet whose event loop is busy stats late; every short-lived name shows
 
@@ -95,3 +96,54 @@ def test_a_socket_offered_again_and_what_a_killed_instance_left(tmp_path):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     assert sweep_private(tmp_path, lambda t: states.get(t, "unknown")) == [old]
     assert alive.exists()
+
+
+def test_public_sockets_nobody_listens_on_are_swept_only_when_ours(tmp_path):
+    import socket
+
+    def bound(path: Path, listen: bool = True) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        if listen:
+            s.listen()
+        return s
+
+    live = bound(tmp_path / "drv-live-reg.sock")
+    dead = tmp_path / "drv-dead-reg.sock"
+    bound(dead).close()  # the file stays, as after a SIGKILL: a connect is refused
+    other = tmp_path / "other.example-dead-reg.sock"  # another driver's: not ours to judge
+    bound(other).close()
+    hashed = tmp_path / "dra-0123456789abcdef-reg.sock"
+    bound(hashed).close()
+    os.link(hashed, tmp_path / ".s-gone-0")  # the private name of a dead instance of ours
+    kept = tmp_path / "dra-fedcba9876543210-reg.sock"
+    bound(kept).close()
+    states = {"gone": "dead"}
+    removed = sweep_public(tmp_path, registration_ours("drv"), lambda t: states.get(t, "unknown"))
+    assert sorted(removed) == sorted([dead, hashed])
+    assert (tmp_path / "drv-live-reg.sock").exists() and other.exists() and kept.exists()
+    live.close()
+
+
+def test_a_killed_instances_sockets_are_gone_once_the_next_one_starts():
+    """The real kubelet keeps a registration while its socket file is there and retries
+    the dead plugin's health stream every 10 s; the next instance removes both files."""
+    dirs = DriverDirs.make()
+    with ApiServer() as api, PluginWatcher(dirs.registry) as kubelet:
+        api.add_node("node-a")
+        first_uid, second_uid = str(uuid.uuid4()), str(uuid.uuid4())
+        first = DriverProcess(api, dirs, extra=["--pod-uid", first_uid]).start()
+        wait(lambda: any(first_uid in n for n in kubelet.registered), "the first registration")
+        plugin_dir = dirs.plugins / DRIVER
+        assert (plugin_dir / f"dra-{first_uid}.sock").exists()
+        first.kill()
+        assert (dirs.registry / f"{DRIVER}-{first_uid}-reg.sock").exists(), "SIGKILL leaves it"
+        second = DriverProcess(api, dirs, extra=["--pod-uid", second_uid]).start()
+        wait(lambda: any(second_uid in n for n in kubelet.registered), "the second registration")
+        wait(lambda: not any(first_uid in n for n in kubelet.registered), "the dead one deregistered")
+        left = {p.name for d in (dirs.registry, plugin_dir) for p in d.iterdir()
+                if not p.name.startswith(".")}
+        assert left == {f"{DRIVER}-{second_uid}-reg.sock", f"dra-{second_uid}.sock"}, left
+        assert "dead_instance_socket_removed" in second.log()
+        assert second.terminate() == 0, second.log()[-3000:]
+    dirs.cleanup()

@@ -78,9 +78,11 @@ def test_the_mps_daemon_starts_beside_a_host_glibc(tmp_path):
     node = mock.build(mock.load("h100x8"), tmp_path / "mock")
     host_glibc(node.driver_root)
     directory = tmp_path / "mps"
+    (directory / "pipe").mkdir(parents=True)  # no pod here: the pipe folder is where it is
     daemon = subprocess.Popen(
         [sys.executable, "-m", "driver", "mps-control-daemon", "--uuid", "GPU-test",
-         "--directory", str(directory), "--nvidia-driver-root", str(node.driver_root)],
+         "--directory", str(directory), "--nvidia-driver-root", str(node.driver_root),
+         "--pipe-directory", str(directory / "pipe")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -146,14 +148,19 @@ def test_the_chrooted_daemon_is_given_the_paths_it_sees_inside_the_driver_root(t
     (root / "usr" / "bin" / "nvidia-cuda-mps-control").write_text("")
     paths = MpsPaths(tmp_path / "state" / "mps" / "gpu-0")
     paths.pipe.mkdir(parents=True)
+    paths.log.mkdir(parents=True)
     (root / "tmp").mkdir()
     with pytest.raises(DaemonError, match=f"is not mounted at {root}/tmp"):
         launch(root, paths)
     (root / "tmp").rmdir()
     (root / "tmp").symlink_to(paths.root)  # what the pod's mount shows the wrapper
+    with pytest.raises(DaemonError, match=f"{paths.pipe} is not mounted at {root}/tmp/nvidia-mps"):
+        launch(root, paths)
+    paths.chroot_pipe_mountpoint.symlink_to(paths.pipe)  # the pipe folder's own mount
     how = launch(root, paths)
     assert how.prefix == ("chroot", str(root), "/usr/bin/nvidia-cuda-mps-control")
-    assert (how.pipe, how.log) == ("/tmp/pipe", "/tmp/log")
+    # The value its clients get (issue 38, item 4), not /tmp/pipe.
+    assert (how.pipe, how.log) == ("/tmp/nvidia-mps", "/tmp/log")
     assert "LD_LIBRARY_PATH" not in how.env
 
 
@@ -161,7 +168,11 @@ def test_the_unchrooted_daemon_gets_path_and_preloads_not_library_folders(tmp_pa
     node = mock.build(mock.load("h100x8"), tmp_path / "mock")
     lib = node.driver_root / "usr/lib/x86_64-linux-gnu"
     shutil.copy(_ctypes.__file__, lib / "libcuda.so.1")
-    how = launch(node.driver_root, MpsPaths(tmp_path / "mps"))
+    paths = MpsPaths(tmp_path / "mps")
+    paths.pipe.mkdir(parents=True)
+    with pytest.raises(DaemonError, match=f"{paths.pipe} is not mounted at /nonexistent/nvidia-mps"):
+        launch(node.driver_root, paths, "/nonexistent/nvidia-mps")
+    how = launch(node.driver_root, paths, str(paths.pipe))
     assert how.env["PATH"].split(os.pathsep)[0] == str(node.driver_root / "usr" / "bin")
     assert how.env["LD_PRELOAD"].split(":")[0] == str(lib / "libcuda.so.1")
     assert "LD_LIBRARY_PATH" not in how.env

@@ -1,6 +1,7 @@
 """Start-up order: the registration socket before the API client on a starting node, the
-API client first during an upgrade, and what a kubeconfig that only making the client
-rejects does in each case (one that reading it rejects stops the driver in preflight)."""
+API client first and the registration after the first publish during an upgrade, and what
+a kubeconfig that only making the client rejects does in each case (one that reading it
+rejects stops the driver in preflight)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from driver.state.instance import Instance
@@ -70,6 +72,11 @@ def test_during_an_upgrade_the_api_client_comes_before_the_registration_socket()
             plugin = InProcessPlugin(api, dirs, "mixed", "--utilization-interval", "0")
             plugin.kube = recording_client(plugin, seen)
             with plugin:
+                # ... and the registration socket only once this instance has published.
+                deadline = time.monotonic() + 20
+                while not plugin.config.registration_socket.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert plugin.plugin.publisher.stats.published
                 assert plugin.config.registration_socket.exists()
     finally:
         peer.release()

@@ -22,7 +22,7 @@ import pytest
 
 from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.sim.apiserver import ApiServer
+from driver.sim.apiserver import TOKEN, ApiServer
 from driver.sim.kubelet import PluginWatcher
 from tests import netns
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess
@@ -335,3 +335,50 @@ def test_an_upgrade_with_unhealthy_devices_writes_nothing():
             old.kill()
             new.kill()
     dirs.cleanup()
+
+
+def test_a_new_instance_that_cannot_reach_the_api_server_leaves_the_node_to_the_old_one():
+    """The kubelet sends every new call to the newest registration: a surge pod with a bad
+    token must not register (nor be ready) while the old pod serves; with no other
+    instance left it registers, since nobody else could serve the node."""
+    from tests.inprocess import free_port
+
+    dirs = DriverDirs.make()
+    old_uid, new_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    with ApiServer() as api, PluginWatcher(dirs.registry) as kubelet:
+        api.add_node("node-a")
+        old = DriverProcess(api, dirs, extra=["--pod-uid", old_uid]).start()
+        wait(lambda: registered(kubelet, old_uid), what=lambda: f"old pod registered; log:\n{old.log()}")
+        bad = dirs.root / "bad-token.kubeconfig"
+        bad.write_text(api.kubeconfig(dirs.root).read_text().replace(TOKEN, "revoked-token"))
+        port = free_port()
+        new = DriverProcess(api, dirs, extra=["--pod-uid", new_uid, "--kubeconfig", str(bad),
+                                              "--healthz-port", str(port)]).start()
+        wait(lambda: new.log().count('"publish_failed"') >= 2, what=lambda: f"new pod failing; log:\n{new.log()}")
+        assert not [a for a in kubelet.attempts if new_uid in a.socket], kubelet.attempts
+        assert '"registration_deferred"' in new.log()
+        status, body = _get_tcp(port)
+        assert status == 503 and "not registering yet" in body and "serve the node" in body, body
+        # The node's pods keep being prepared by the old pod.
+        client = kubelet.client(socket_of(kubelet, old_uid))
+        claim = new_claim(api, "during-a-broken-rollout", [result("gpu", GPU)])
+        assert client.prepare([claim]).claims[claim.uid].error == ""
+        assert client.unprepare([claim]).claims[claim.uid].error == ""
+        client.close()
+        # The old pod goes (deleted by hand): the new one is all the node has.
+        assert old.terminate() == 0, old.log()
+        wait(lambda: registered(kubelet, new_uid), what=lambda: f"new pod registered; log:\n{new.log()}")
+        assert '"registration_offered_unpublished"' in new.log()
+        assert new.terminate() == 0, new.log()
+    dirs.cleanup()
+
+
+def _get_tcp(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()

@@ -53,15 +53,29 @@ def load_nvml(driver_root: Path = Path("/")) -> Any | None:
         import pynvml  # noqa: PLC0415 - optional at import time by design
     except ImportError:
         return None
-    library = nvlibs.locate(driver_root, "libnvidia-ml.so.1")
-    if library is not None and pynvml.nvmlLib is None:
-        try:
-            pynvml.nvmlLib = ctypes.CDLL(str(library))
-        except OSError as err:
-            # nvmlInit then fails with LIBRARY_NOT_FOUND, which discovery reports; this says why.
-            structlog.get_logger(component="nvml").warning(
-                "nvml_library_unloadable", library=str(library), error=str(err))
+    bind_library(pynvml, driver_root)
     return pynvml
+
+
+def bind_library(nv: Any, driver_root: Path) -> Path | None:
+    """Load libnvidia-ml.so.1 of the installation at `driver_root` into the binding `nv`
+    unless it has a library already; the library loaded now, else None. Called again before
+    each discovery: the GPU operator's driver container may install the library long after
+    this process started (after its start-up wait gave up), and nvidia-ml-py's own lookup,
+    the loader's default path, never looks under the driver root."""
+    if getattr(nv, "nvmlLib", None) is not None:
+        return None
+    library = nvlibs.locate(driver_root, "libnvidia-ml.so.1")
+    if library is None:
+        return None
+    try:
+        nv.nvmlLib = ctypes.CDLL(str(library))
+    except OSError as err:
+        # nvmlInit then fails with LIBRARY_NOT_FOUND, which discovery reports; this says why.
+        structlog.get_logger(component="nvml").warning(
+            "nvml_library_unloadable", library=str(library), error=str(err))
+        return None
+    return library
 
 
 def memory_quantity(total_bytes: int) -> str:

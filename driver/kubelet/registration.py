@@ -29,6 +29,8 @@ class Registration(reg_grpc.RegistrationServicer):
         self.versions = versions
         self.registered = asyncio.Event()
         self.last_error: str | None = None
+        # Why the socket is not offered yet (an upgrade: the peer serves until we can).
+        self.held: str | None = None
         self._notified = asyncio.Event()
         self.log = structlog.get_logger(component="registration")
 

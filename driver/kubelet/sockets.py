@@ -28,6 +28,7 @@ import base64
 import hashlib
 import itertools
 import os
+import socket
 import stat
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,81 @@ def sweep_private(directory: Path, owner_state: Callable[[str], str],
         entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
+
+
+def sweep_public(directory: Path, ours: Callable[[str], bool],
+                 owner_state: Callable[[str], str]) -> list[Path]:
+    """Remove the public sockets (`<driver>-<uid>-reg.sock`, `dra-<uid>.sock`) that killed
+    instances left in `directory`; call before `sweep_private`, whose names show owners.
+
+    The real kubelet keeps a dead registration as long as its socket file is there and
+    retries its health stream every 10 s, forever. A socket is a dead instance's when
+    nobody listens on it: the kernel refuses a connection to a socket whose process is
+    gone, whatever our records say (they may have been swept by an earlier start). Only
+    names that are ours are touched: `ours(name)`, or the inode of a private name of a
+    dead instance of this state directory (the hashed `dra-<hash>-reg.sock` another
+    driver could also use)."""
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    dead_inodes = set()
+    for entry in entries:
+        if entry.name.startswith(PRIVATE_PREFIX) and owner_state(
+                entry.name[len(PRIVATE_PREFIX):].rsplit("-", 1)[0]) == "dead":
+            try:
+                dead_inodes.add(entry.lstat().st_ino)
+            except FileNotFoundError:
+                pass
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            st = entry.lstat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or not (ours(entry.name) or st.st_ino in dead_inodes):
+            continue
+        if _listening(entry):
+            continue
+        try:
+            # A socket renamed onto the name since the probe is a live one (without
+            # seamless upgrades both pods use one name): leave it.
+            if entry.lstat().st_ino != st.st_ino:
+                continue
+        except FileNotFoundError:
+            continue
+        entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _listening(path: Path) -> bool:
+    """Does a process accept connections on the socket at `path`? Only a refusal says no:
+    a time-out or a full backlog is a live server that is busy."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+
+
+def registration_ours(driver: str) -> Callable[[str], bool]:
+    """The names `registration_candidates` gives this driver (the hashed third one aside)."""
+    return lambda name: name == f"{driver}-reg.sock" or (
+        name.startswith(f"{driver}-") and name.endswith("-reg.sock"))
+
+
+def dra_ours(name: str) -> bool:
+    """The names `dra_candidates` gives, in the driver's own plugin folder."""
+    return name == "dra.sock" or (name.startswith("dra-") and name.endswith(".sock"))
 
 
 def _hash(*parts: str, length: int) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.devices.mock.tools import PYTHON_VARIABLE
 from driver.devices.nvlibs import locate
 from driver.prepare.mps_daemon import chrooted
 
@@ -63,6 +65,9 @@ class GpuControl:
             raise GpuControlError(f"GPU {uuid}: cannot set the time slice: {smi} not found "
                                   "(--nvidia-driver-root names the driver installation)")
         env = dict(os.environ)
+        # A mock node's nvidia-smi is a script that runs the mock's tool under the Python
+        # it is told (driver/devices/mock/tools.py): ours. A real nvidia-smi ignores it.
+        env[PYTHON_VARIABLE] = sys.executable
         arguments = ["compute-policy", "-i", uuid, "--set-timeslice", str(timeslice)]
         if chrooted(self.driver_root):
             # A full root filesystem: nvidia-smi runs with the glibc it was built against.

@@ -11,8 +11,10 @@ The daemon comes from the node's driver installation (--nvidia-driver-root): whe
 is a full root filesystem (the host's /, the GPU operator's /run/nvidia/driver) it runs
 chrooted there, so that its libraries, glibc included, are the ones it was built with.
 Inside the chroot the container's paths mean nothing, so the pod also mounts the GPU's
-MPS directory at <driver-root>/tmp and its shm at <driver-root>/dev/shm (CHROOT_DIRECTORY),
-and the daemon is told the paths it sees there. Else (an installation folder without a
+MPS directory at <driver-root>/tmp (CHROOT_DIRECTORY), its pipe folder over
+<driver-root>/tmp/nvidia-mps and its shm at <driver-root>/dev/shm, and the daemon is told
+the paths it sees there. Its pipe directory is /tmp/nvidia-mps (PIPE_DIRECTORY) either way,
+the value the clients get: MPS wants one value for the daemon and its clients. Else (an installation folder without a
 shell, such as a bare lib64/ + bin/ tree, and mock nodes) it runs directly, with the
 installation's binaries on PATH (the control daemon starts nvidia-cuda-mps-server by name)
 and its NVIDIA libraries preloaded by absolute path. Never its library folders on
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.kube import quantity
+from driver.devices.mock.tools import PYTHON_VARIABLE
 from driver.devices.nvlibs import BINARY_DIRS, locate
 
 READY = "ready"
@@ -41,6 +44,11 @@ START_SECONDS = 30.0
 # Where the pod mounts the GPU's MPS directory inside the driver root, for the chroot.
 # /tmp exists in every root filesystem, so the mount needs no folder made on the host.
 CHROOT_DIRECTORY = "/tmp"
+# CUDA_MPS_PIPE_DIRECTORY of the daemon and of every client: NVIDIA's MPS documentation
+# wants one value for both (the server's pipes are found by that path), so the pod mounts
+# the pipe folder where the daemon sees this path and the clients' CDI mount puts it at
+# the same path. MPS's own default, and where NVIDIA's DRA driver mounts it too.
+PIPE_DIRECTORY = "/tmp/nvidia-mps"
 # Loaded by absolute path into the daemon and the servers it starts (non-chroot only).
 PRELOADED = ("libcuda.so.1", "libnvidia-ml.so.1")
 
@@ -68,6 +76,13 @@ class MpsPaths:
     @property
     def ready(self) -> Path:
         return self.root / READY
+
+    @property
+    def chroot_pipe_mountpoint(self) -> Path:
+        """Where the chrooted daemon's PIPE_DIRECTORY lands on the host: the pod mounts
+        `root` at <driver-root>/tmp and the pipe folder over <driver-root>/tmp/nvidia-mps,
+        so this folder (made by the driver) is the second mount's mountpoint."""
+        return self.root / Path(PIPE_DIRECTORY).relative_to(CHROOT_DIRECTORY)
 
 
 def control_answers(pipe: Path) -> bool:
@@ -98,24 +113,40 @@ def chrooted(root: Path) -> bool:
     return root != Path("/") and (root / "bin" / "sh").exists() and os.geteuid() == 0
 
 
-def launch(root: Path, paths: MpsPaths) -> Launch:
+def _same_folder(a: Path, b: Path) -> bool:
+    return a.is_dir() and b.is_dir() and os.path.samefile(a, b)
+
+
+def launch(root: Path, paths: MpsPaths, pipe: str = PIPE_DIRECTORY) -> Launch:
+    """`pipe`: CUDA_MPS_PIPE_DIRECTORY as the daemon sees it (inside the chroot where it
+    chroots); the pod must show the pipe folder there, which is checked, because a daemon
+    listening in a folder of its own would leave every prepare waiting without a clue."""
     binary = root / BINARY
     if not binary.exists():
         raise DaemonError(f"{binary} not found: --nvidia-driver-root must name the NVIDIA "
                           "driver installation")
     if chrooted(root):
         inside = root / CHROOT_DIRECTORY.lstrip("/")
-        if not (inside / "pipe").is_dir() or not os.path.samefile(inside / "pipe", paths.pipe):
+        if not _same_folder(inside / "log", paths.log):
             raise DaemonError(f"{paths.root} is not mounted at {inside}: the chrooted daemon "
-                              "would not find its pipe directory (the pod's volume mounts)")
-        return Launch(("chroot", str(root), "/" + BINARY), {},
-                      f"{CHROOT_DIRECTORY}/pipe", f"{CHROOT_DIRECTORY}/log")
+                              "would not find its log directory (the pod's volume mounts)")
+        if not _same_folder(root / pipe.lstrip("/"), paths.pipe):
+            raise DaemonError(f"{paths.pipe} is not mounted at {root / pipe.lstrip('/')}: the "
+                              "chrooted daemon would not find its pipe directory (the pod's "
+                              "volume mounts)")
+        return Launch(("chroot", str(root), "/" + BINARY), {}, pipe, f"{CHROOT_DIRECTORY}/log")
+    if not _same_folder(Path(pipe), paths.pipe):
+        raise DaemonError(f"{paths.pipe} is not mounted at {pipe}: the daemon would not listen "
+                          "where its clients look (the pod's volume mounts)")
     env = {"PATH": os.pathsep.join([str(root / d) for d in BINARY_DIRS if (root / d).is_dir()]
-                                   + [os.environ.get("PATH", "")]).rstrip(os.pathsep)}
+                                   + [os.environ.get("PATH", "")]).rstrip(os.pathsep),
+           # A mock node's binary is a script that runs the mock's tool under the Python it
+           # is told (driver/devices/mock/tools.py): this pod's, never the host's.
+           PYTHON_VARIABLE: sys.executable}
     preload = [str(p) for p in (locate(root, s) for s in PRELOADED) if p is not None]
     if preload:
         env["LD_PRELOAD"] = ":".join(filter(None, [*preload, os.environ.get("LD_PRELOAD")]))
-    return Launch((str(binary),), env, str(paths.pipe), str(paths.log))
+    return Launch((str(binary),), env, pipe, str(paths.log))
 
 
 def _control(how: Launch, env: dict[str, str], commands: list[str]) -> str:
@@ -134,13 +165,15 @@ def run(args: argparse.Namespace) -> int:
     for directory in (paths.pipe, paths.log):
         directory.mkdir(parents=True, exist_ok=True)
     try:
-        how = launch(root, paths)
+        how = launch(root, paths, args.pipe_directory)
     except DaemonError as err:
         print(f"mps-control-daemon: {err}", file=sys.stderr)
         return 1
     env = {**os.environ, **how.env, "CUDA_MPS_PIPE_DIRECTORY": how.pipe,
            "CUDA_MPS_LOG_DIRECTORY": how.log, "CUDA_VISIBLE_DEVICES": args.uuid}
-    daemon = subprocess.Popen([*how.prefix, "-f"], env=env)
+    # -M: multi-user mode, one root MPS server for every client UID (NVIDIA starts it as
+    # `-d -M`; -f is the same daemon in the foreground, so this process can wait on it).
+    daemon = subprocess.Popen([*how.prefix, "-f", *(["-M"] if args.multi_user else [])], env=env)
     stopping = False
 
     def stop(*_: object) -> None:
@@ -201,3 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the server's default CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the claim's "
                              "mpsConfig); unset: MPS's own default, 100")
     parser.add_argument("--pinned-memory-limit", default=None, help="a quantity, e.g. 20Gi")
+    parser.add_argument("--pipe-directory", default=PIPE_DIRECTORY,
+                        help="CUDA_MPS_PIPE_DIRECTORY as the daemon sees it, inside the chroot "
+                             "where it chroots; the pod mounts the pipe folder there, and the "
+                             f"clients see it at the same path (default {PIPE_DIRECTORY})")
+    parser.add_argument("--multi-user", action="store_true",
+                        help="start the daemon with -M: one root MPS server for the clients of "
+                             "every UID (the claims' mpsConfig.multiUser; Volta or newer)")

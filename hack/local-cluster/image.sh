@@ -78,13 +78,12 @@ build_base() {
 }
 
 build_top() {
-  local src stamp t0=$SECONDS interpreter
-  # The mock node's tools (driver/devices/mock/tree.py) are scripts that exec the host
-  # driver's interpreter by its absolute path; in the image that path runs /opt/dra's.
-  # Only mock nodes need it: a real node's nvidia-cuda-mps-control is NVIDIA's binary.
-  interpreter=${DRA_HOST_PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
+  local src stamp t0=$SECONDS
+  # Nothing here depends on the Python that runs the tier: the mock node's tools
+  # (driver/devices/mock/tree.py) run under the interpreter of the process that calls
+  # them, in the MPS daemon pod /opt/dra's (driver/prepare/mps_daemon.py).
   stamp=$( (cd "$repo" && find driver pyproject.toml README.md -type f ! -path '*/__pycache__/*' -print0 \
-            | sort -z | xargs -0 sha256sum; echo "$base_stamp $interpreter") | sha256sum | cut -c1-16)
+            | sort -z | xargs -0 sha256sum; echo "$base_stamp") | sha256sum | cut -c1-16)
   if [ -f "$cache/top.tar" ] && [ "$(cat "$cache/top.stamp" 2>/dev/null)" = "$stamp" ]; then
     log "driver layer is up to date ($cache/top.tar)"; return
   fi
@@ -98,11 +97,6 @@ build_top() {
     /opt/dra/bin/pip install -q --disable-pip-version-check --no-warn-script-location --no-index --no-deps --root /tmp/top /tmp/wheel/*.whl
     test -x /tmp/top/opt/dra/bin/dra-driver'
   rm -rf "$root/tmp/wheel"
-  # A script, not a symlink: Python finds its venv (pyvenv.cfg) beside the path it was
-  # started by, so through a symlink elsewhere it would run without /opt/dra's packages.
-  mkdir -p "$root/tmp/top$(dirname "$interpreter")"
-  printf '#!/bin/sh\nexec /opt/dra/bin/python3 "$@"\n' > "$root/tmp/top$interpreter"
-  chmod 755 "$root/tmp/top$interpreter"
   tar --numeric-owner -C "$root/tmp/top" -cf "$cache/top.tar.new" .
   rm -rf "$root/tmp/top"
   mv "$cache/top.tar.new" "$cache/top.tar"

@@ -7,7 +7,9 @@ the state the fake NVML library reads (driver/devices/mock/gpustate.py).
 (background) or `-f` (foreground) starts a control daemon that listens on
 `$CUDA_MPS_PIPE_DIRECTORY/control`, writes `nvidia-cuda-mps-control.pid` beside it and logs
 to `$CUDA_MPS_LOG_DIRECTORY/control.log`; a second daemon on the same pipe directory
-refuses to start; without options it is the control client, reading commands from stdin
+refuses to start; `-M` beside `-d`/`-f` is multi-user mode (one root server for every UID's
+clients, Volta or newer; the mock logs the mode, having no clients to serve); anything else
+is a usage error; without options it is the control client, reading commands from stdin
 (`get_server_list`, `set_default_active_thread_percentage`, `quit`, ...). There are no CUDA
 clients on a mock node, so no MPS server is ever spawned.
 """
@@ -24,6 +26,10 @@ from pathlib import Path
 
 from driver.devices.mock.gpustate import GpuStateStore
 
+# Which Python runs the tools: the driver process that runs one sets it to its own
+# interpreter. The mock tree's scripts cannot name it: the host's driver and the MPS
+# daemon pod (the image's /opt/dra) run the same scripts from the same tree.
+PYTHON_VARIABLE = "DRA_MOCK_PYTHON"
 CONTROL = "control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 TIMESLICES = (0, 1, 2, 3)
@@ -65,8 +71,9 @@ def _connect(pipe: Path) -> socket.socket | None:
 
 
 class _Daemon:
-    def __init__(self, pipe: Path, log: Path) -> None:
+    def __init__(self, pipe: Path, log: Path, multi_user: bool = False) -> None:
         self.pipe, self.log_dir = pipe, log
+        self.multi_user = multi_user
         self.active_threads = 100.0
         self.pinned: dict[str, str] = {}
         self.running = True
@@ -113,7 +120,8 @@ class _Daemon:
         (self.pipe / PID_FILE).write_text(f"{os.getpid()}\n")
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
         self.log(f"Control daemon started, CUDA_VISIBLE_DEVICES="
-                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
+                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}, CUDA_MPS_PIPE_DIRECTORY="
+                 f"{self.pipe}, multi-user mode {'on' if self.multi_user else 'off'}")
         try:
             while self.running:
                 try:
@@ -140,14 +148,18 @@ class _Daemon:
 
 def mps_control(args: list[str]) -> int:
     pipe, log = _directories()
-    if args and args[0] in ("-d", "-f"):
-        if args[0] == "-d" and os.fork():
+    # -M (multi-user): one MPS server, run as root, for the clients of every UID; it is an
+    # option of the daemon, so it goes with -d or -f, in either order.
+    mode = [a for a in args if a != "-M"]
+    multi_user = len(mode) < len(args)
+    if mode in (["-d"], ["-f"]) and len(args) <= 2:
+        if mode == ["-d"] and os.fork():
             return 0  # the parent returns at once, as the real -d does
-        if args[0] == "-d":
+        if mode == ["-d"]:
             os.setsid()
-        return _Daemon(pipe, log).serve()
+        return _Daemon(pipe, log, multi_user).serve()
     if args:
-        print("Usage: nvidia-cuda-mps-control [-d | -f]", file=sys.stderr)
+        print("Usage: nvidia-cuda-mps-control [-d | -f] [-M]", file=sys.stderr)
         return 1
     status = 0
     for line in sys.stdin:
