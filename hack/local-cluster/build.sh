@@ -9,6 +9,7 @@
 #   bin/cni-<CNI_PLUGINS_VERSION>/{bridge,host-local,loopback}
 #   bin/nvidia-container-toolkit-<NVIDIA_CONTAINER_TOOLKIT_VERSION>/{nvidia-ctk,
 #       nvidia-container-runtime,nvidia-cdi-hook,libnvidia-ml.so.1 (a mock node's NVML)}
+#   bin/helm-<HELM_VERSION>/helm   the Helm CLI (helm lint/template/install; tests/helm_cli.py)
 #   the driver's image, as two layer tars in ~/.cache/dra-local-cluster/driver-image
 #   (image.sh: debootstrap + requirements.lock + this checkout's package; needs debootstrap)
 # The Go module and build caches stay where `go env GOMODCACHE GOCACHE` says (outside the
@@ -160,6 +161,25 @@ build_nvidia_toolkit() {
   echo "$stamp" > "$out/.stamp"
 }
 
+# --- the Helm CLI ----------------------------------------------------------------------------
+# What users run against the chart. The fast tests render with helm-python-sdk (Helm's engine
+# linked into a shared library, its own Helm version); tests/test_helm_cli.py compares the two
+# renders, so the CLI is the judge of what the chart produces.
+build_helm() {
+  local out="$here/bin/helm-$HELM_VERSION" stamp
+  stamp="$HELM_VERSION-$(go env GOVERSION)"
+  if [ -x "$out/helm" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "helm $HELM_VERSION is up to date ($out/helm)"; return
+  fi
+  mkdir -p "$out"
+  # The ldflags of helm's Makefile for a tagged release: without them `helm version` says
+  # "v4.3+unreleased", and charts may gate on .Capabilities.HelmVersion.
+  GOBIN="$out" CGO_ENABLED=0 timed "helm $HELM_VERSION" go install -trimpath -ldflags "-s -w \
+    -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.metadata= \
+    -X helm.sh/helm/v4/internal/version.gitTreeState=clean" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  echo "$stamp" > "$out/.stamp"
+}
+
 # --- the driver's image (pods that run our code: the MPS control daemon) -------------------
 build_image() {
   timed "driver image" "$here/image.sh" >/dev/null
@@ -173,6 +193,7 @@ case "$what" in
   cni) build_cni ;;
   image) build_image ;;
   nvidia-toolkit) build_nvidia_toolkit ;;
-  all) build_containerd; build_runc; build_cni; build_k8s; build_nvidia_toolkit; build_image ;;
-  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|nvidia-toolkit|image]" >&2; exit 2 ;;
+  helm) build_helm ;;
+  all) build_containerd; build_runc; build_cni; build_k8s; build_nvidia_toolkit; build_helm; build_image ;;
+  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|nvidia-toolkit|helm|image]" >&2; exit 2 ;;
 esac

@@ -111,7 +111,7 @@ def versions() -> dict[str, str]:
         capture_output=True, text=True).stdout
     env = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
     return {k: env[k] for k in ("KUBERNETES_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION",
-                                "CNI_PLUGINS_VERSION", "NVIDIA_CONTAINER_TOOLKIT_VERSION")}
+                                "CNI_PLUGINS_VERSION", "NVIDIA_CONTAINER_TOOLKIT_VERSION", "HELM_VERSION")}
 
 
 def minor(version: str) -> int:
@@ -401,6 +401,11 @@ class Cluster:
     @property
     def nvidia_toolkit_bin(self) -> Path:
         return HERE / "bin" / f"nvidia-container-toolkit-{self.vers['NVIDIA_CONTAINER_TOOLKIT_VERSION']}"
+
+    @property
+    def helm(self) -> Path:
+        """The helm CLI (build.sh helm) that renders the chart for the tier."""
+        return HERE / "bin" / f"helm-{self.vers['HELM_VERSION']}" / "helm"
 
     @property
     def logs(self) -> Path:

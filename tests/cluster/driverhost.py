@@ -19,9 +19,11 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import REPO
-from tests.test_chart import render  # the chart through Helm's own engine, release dra in dra-system
+from tests.helm_cli import Helm
+from tests.test_chart import CHART
 
 NAMESPACE = "dra-system"  # the release namespace tests/test_chart.render uses
+RELEASE = "dra"  # and its release name (the objects' names follow from it)
 DRIVER = "accel.dra.io"
 # The kinds of the chart that the cluster gets; the DaemonSet's pod is this module's host
 # process instead (its image would need a registry).
@@ -42,8 +44,12 @@ def service_account(objects: list[dict]) -> str:
 
 def install(cluster, values: dict) -> list[dict]:
     """kubectl apply of the chart's cluster objects (namespace first, as `helm install
-    --create-namespace` does)."""
-    objects = render(values)
+    --create-namespace` does). Rendered by the real helm CLI (`helm template`, what users
+    run; build.sh all built it), which tests/test_helm_cli.py holds equal to the fast
+    tests' render."""
+    helm = Helm(cluster.helm, cluster.root / "helm")
+    helm.home.mkdir(parents=True, exist_ok=True)
+    objects = helm.objects(CHART, values, release=RELEASE, namespace=NAMESPACE)
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     docs = [o for o in objects if o["kind"] in APPLIED_KINDS]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
