@@ -6,7 +6,7 @@ driver cannot avoid, measured in the same run on the same machine.
     python -m bench --against OTHER_CHECKOUT [--runs 200]
 
 One module per measured concern: `startup`, `prepare` (latency, throughput, scaling and
-its A/Bs), `sharing` (MPS shares, dynamic MIG), `idle` (idle CPU, utilization sampling),
+its A/Bs), `sharing` (MPS shares, dynamic MIG), `fpga` (programming at prepare), `idle` (idle CPU, utilization sampling),
 `large` (the sriov-large node), `publish`, `against` (another checkout side by side); the
 driver process and claims they use are in `harness`, the floor in `floor`, the printed
 table in `table`.
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.against import bench_against
 from bench.floor import Floor
+from bench.fpga import bench_fpga
 from bench.harness import NODE, file_system
 from bench.idle import bench_utilization, idle_large
 from bench.large import bench_large_node
@@ -99,6 +100,8 @@ def main() -> int:
     bench_sharing(table, max(10, runs // 10), p)
     # -- dynamic MIG: publish 8 H100s' partitions, create one at each prepare -------------------
     bench_dynamic_mig(table, max(10, runs // 5), p)
+    # -- FPGAs: a prepare that loads the claim's function, one that finds it loaded --------------
+    bench_fpga(table, max(10, runs // 10))
 
     # -- where a large node's publish time goes (in-process) ------------------------------------
     bench_large_node(table, scratch, runs)

@@ -19,7 +19,7 @@ from driver.devices.nvlibs import DriverFiles
 from driver.kube.client import Kube
 from driver.kubelet import health as health_stream
 from driver.kubelet.registration import DRA_SERVICES, Registration
-from driver.kubelet.sockets import sweep_private
+from driver.kubelet.sockets import dra_ours, registration_ours, sweep_private, sweep_public
 from driver.metrics import Metrics
 from driver.monitoring.devicemetrics import DeviceSeries
 from driver.monitoring.health import HealthState, Prober, XidWatcher
@@ -30,6 +30,7 @@ from driver.monitoring.utilization.monitor import UtilizationMonitor
 from driver.monitoring.utilization.sampler import Sampler
 from driver.node import NodeRoots, open_node
 from driver.nri import setup as nri_setup
+from driver.nri.netdev import AwayNetdevs
 from driver.nri.plugin import NriPlugin
 from driver.prepare.cdi import CdiWriter, Mount
 from driver.prepare.claims import ClaimReader
@@ -39,6 +40,10 @@ from driver.prepare.gpucontrol import GpuControl
 from driver.prepare.idlestatus import IdleConditions
 from driver.prepare.metadata import MetadataFiles
 from driver.prepare.mig import MigPartitions, MigRecords
+from driver.prepare.fpgaprogram import FpgaPrograms, FpgaRecords
+from driver.devices.bitstreams import BitstreamStore
+from driver.devices.fpgatools import ToolProgrammer
+from driver.devices.mock.tree import BITSTREAMS, FPGA_TOOLS
 from driver.prepare.mps import MpsDaemons
 from driver.prepare.preparer import Preparer
 from driver.prepare.sharing import DeviceSharing
@@ -95,9 +100,11 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
     node = open_node(config, instance=instance)
     mig_records = MigRecords(config.state_dir, instance)
     settings = DiscoverySettings(config.mig_mode)
+    # NICs in pods: the host's sysfs shows no netdev of theirs, the move records do.
+    away = AwayNetdevs(nri_setup.records_dir(config.state_dir))
 
     def sources():
-        return node.sources(config, settings.mig_mode, mig_records.owned)
+        return node.sources(config, settings.mig_mode, mig_records.owned, away)
 
     # The fingerprint's directories stay open from one periodic pass to the next.
     dirs = sysread.HeldDirs()
@@ -121,14 +128,27 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         GpuControl(node.nvml, node.driver_root_local),
         MpsDaemons(kube, config.driver_name, config.node_name, config.namespace,
                    config.mps_image, config.state_dir, node.driver_root_host,
-                   config.mps_start_timeout, node.driver_root_local),
+                   config.mps_start_timeout, node.driver_root_local, config.mps_shm_size),
         boot_id, inventory)
     mig = MigPartitions(mig_records, node.nvml, node.sysfs, node.proc, boot_id, inventory,
                         claims=checkpoint.records)
+    # A mock node brings its own store and fake tools (driver/devices/mock/fpgatools.py).
+    mock_root = node.mock.root if node.mock is not None else None
+    fpga = FpgaPrograms(FpgaRecords(config.state_dir, instance),
+                        BitstreamStore(config.fpga_bitstreams or (mock_root / BITSTREAMS if mock_root else None)),
+                        ToolProgrammer(mock_root / FPGA_TOOLS if mock_root else None),
+                        node.sysfs, boot_id, config.fpga_program_timeout)
     metadata = MetadataFiles(config.state_dir / "metadata", config.driver_name, instance.token)
     metadata.sweep_temp_files(instance.owner_state)
+    # Sockets of killed instances: the public names first (the kubelet keeps a dead
+    # registration while its file is there), then the private ones that tell owners.
+    log = logs.get("sockets")
+    for directory, ours in ((config.registration_socket.parent, registration_ours(config.driver_name)),
+                            (config.dra_socket.parent, dra_ours)):
+        for path in sweep_public(directory, ours, instance.owner_state):
+            log.info("dead_instance_socket_removed", socket=str(path))
     for directory in {config.registration_socket.parent, config.dra_socket.parent}:
-        sweep_private(directory, instance.owner_state)  # sockets of killed instances
+        sweep_private(directory, instance.owner_state)
     instance.forget_dead()  # after the sweeps above, which need to know who died
     metrics = Metrics(config.driver_name)
     status = (StatusWriter(kube, config.driver_name, on_failure=metrics.status_write_failures.inc)
@@ -146,6 +166,7 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         driver_mounts=driver_mounts,
         sharing=sharing,
         mig=mig,
+        fpga=fpga,
         status=status,
         addresses=host_addresses(node.proc),
         metadata=metadata,
@@ -182,7 +203,8 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
                               diff=fingerprint.changes, baseline=baseline, release=dirs.close)
     health.on_loss = rediscovery.notify
     mig.rediscover = rediscovery.notify  # a MIG mode change (and a rebind's new minor)
-    prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds)
+    fpga.rediscover = rediscovery.notify  # a programmed FPGA publishes its new function
+    prober = Prober(health, node.sysfs, node.dev, node.nvml, config.xid_recovery_seconds, away)
     metrics.watch_state(
         prepared=lambda: len(checkpoint.uids()),
         devices=lambda: _count_kinds(holder.inventory),
@@ -196,6 +218,8 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         why = f"registered={registered} published={published}"
         if registration.last_error:
             why += f" (kubelet rejected the registration: {registration.last_error})"
+        if registration.held:
+            why += f" (not registering yet: {registration.held})"
         return registered and published, why
 
     def partitions(bus_id: str, gi: int) -> list[str]:
@@ -222,7 +246,8 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
     if config.nri_socket is not None:
         nri, _ = nri_setup.make(config.nri_socket, config.state_dir, node.proc, inventory,
                                 checkpoint.records, status, config.mock is not None,
-                                instance.token, metrics)
+                                instance.token, metrics,
+                                mock_sysfs=node.sysfs if config.mock is not None else None)
     return Parts(config, kube, node, holder, preparer, registration, publisher, rediscovery,
                  health, prober, metrics, Probes(ready), instance, utilization, xid, nri)
 

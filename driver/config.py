@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from driver.kube import names
+from driver.kube import names, quantity
 from driver.devices.mock import Profile, ProfileError, builtin_profiles
 from driver.devices.mock import load as load_profile
 from driver.devices.net import NicFilter, NicSelector
@@ -70,6 +70,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("nvidia_driver_root_mount", "--nvidia-driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None,
            "where this process sees --nvidia-driver-root (default: the same path)",
            commands=NODE),
+    Option("nvidia_driver_wait", "--nvidia-driver-wait", "NVIDIA_DRIVER_WAIT", "300",
+           "seconds to wait at start, not ready, for libnvidia-ml.so.1 under the driver root "
+           "where NVIDIA GPUs are on the PCI bus (the GPU operator installs it later); then "
+           "start without GPUs, which rediscovery publishes once it appears; 0: no wait"),
     Option("mock", "--mock", "MOCK_PROFILE", None,
            f"mock devices: a built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file",
            commands=NODE),
@@ -127,6 +131,16 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a prepare waits, holding no lock, for a new MPS control daemon to answer "
            "(at most 35: the kubelet gives up on a prepare after 45 s); then the claim fails "
            "with the daemon pod's state and the kubelet's retry finds the daemon"),
+    Option("mps_shm_size", "--mps-shm-size", "MPS_SHM_SIZE", "",
+           "size of the tmpfs each MPS-shared GPU's daemon and clients share as /dev/shm, a "
+           "quantity of at least 1Mi (e.g. 8Gi); empty: half of the node's memory, as NVIDIA's "
+           "driver sizes it"),
+    Option("fpga_bitstreams", "--fpga-bitstreams", "FPGA_BITSTREAMS", None,
+           "the node's bitstream store: .xclbin and .gbs files that FpgaConfig.function names "
+           "by UUID (docs/fpga.md; default: none, a mock node's own store with --mock)"),
+    Option("fpga_program_timeout", "--fpga-program-timeout", "FPGA_PROGRAM_TIMEOUT", "35",
+           "seconds xbutil or fpgaconf may take to load a claim's bitstream before it is stopped "
+           "and the claim fails (at most 40: the kubelet waits 45 s for a prepare)"),
     Option("sharing_reconcile_interval", "--sharing-reconcile-interval",
            "SHARING_RECONCILE_INTERVAL", "30",
            "seconds between checks that shared GPUs are set up as their claims need (a dead "
@@ -190,6 +204,10 @@ class Config:
     namespace: str = "default"
     mps_image: str = ""
     mps_start_timeout: float = 30.0
+    fpga_bitstreams: Path | None = None  # None: no store (a mock node's own with --mock)
+    fpga_program_timeout: float = 35.0
+    nvidia_driver_wait: float = 300.0  # 0: start at once
+    mps_shm_size: int | None = None  # bytes; None: half of the node's memory
     sharing_reconcile_interval: float = 30.0
     claim_status: bool = True
     claim_workers: int = 32
@@ -302,6 +320,22 @@ def _mps_start_seconds(value: str, source: str) -> float:
     # The kubelet cancels NodePrepareResources after 45 s; the GET, the record and the CDI
     # spec need time too.
     return _bounded(value, source, float, 1, 35, "seconds (the kubelet waits 45 s for a prepare)")
+
+
+def _fpga_program_seconds(value: str, source: str) -> float:
+    return _bounded(value, source, float, 1, 40, "seconds (the kubelet waits 45 s for a prepare)")
+
+
+def _shm_size(value: str, source: str) -> int:
+    """Bytes of the MPS shm tmpfs (a quantity, at least 1Mi: MPS needs room for its
+    segments, and the kernel takes sizes in pages)."""
+    try:
+        size = quantity.value(value)
+    except quantity.QuantityError as err:
+        raise ConfigError(f"{source}: {value!r} is not a quantity (for example 8Gi)") from err
+    if size < 1 << 20:
+        raise ConfigError(f"{source}: {value!r} is below 1Mi")
+    return int(size)
 
 
 def _seconds_or_off(value: str, source: str) -> float:
@@ -466,6 +500,10 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         namespace=namespace,
         mps_image=mps_image,
         mps_start_timeout=get("mps_start_timeout", _mps_start_seconds),
+        fpga_bitstreams=get("fpga_bitstreams", _absolute),
+        fpga_program_timeout=get("fpga_program_timeout", _fpga_program_seconds),
+        nvidia_driver_wait=get("nvidia_driver_wait", _seconds_or_off),
+        mps_shm_size=get("mps_shm_size", _shm_size) if raw["mps_shm_size"] else None,
         sharing_reconcile_interval=get("sharing_reconcile_interval", _seconds),
         claim_status=get("claim_status", _bool),
         claim_workers=get("claim_workers", _workers),

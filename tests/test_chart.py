@@ -56,6 +56,7 @@ def test_default_render_is_valid():
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # own slices; opaque configs
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # own-node pods
         "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
     ds, c, env = container(objects)
     assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
@@ -198,6 +199,34 @@ def test_mock_mode_and_older_kubelets():
     assert env["KUBELET_PLUGINS_DIR"] == "/var/lib/k0s/kubelet/plugins"
     assert env["STATE_DIR"] == f"/var/lib/k0s/kubelet/plugins/{DRIVER}"
     assert "driver-root" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_the_fpga_bitstream_store_is_mounted_read_only_where_the_driver_is_told():
+    """fpga.bitstreams.hostPath: the node's store, read-only, at the node's own path (so
+    the driver's one-line errors name it), and --fpga-bitstreams set to it; off by default."""
+    ds, c, env = container(render())
+    assert "FPGA_BITSTREAMS" not in env and env["FPGA_PROGRAM_TIMEOUT"] == "35"
+    assert "fpga-bitstreams" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    objects = render({"fpga": {"bitstreams": {"hostPath": "/opt/fpga/bitstreams"}, "programTimeoutSeconds": 20}})
+    validate_all(objects)
+    ds, c, env = container(objects)
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "fpga-bitstreams"]
+    assert mount == {"name": "fpga-bitstreams", "mountPath": "/opt/fpga/bitstreams", "readOnly": True}
+    (volume,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "fpga-bitstreams"]
+    assert volume["hostPath"]["path"] == "/opt/fpga/bitstreams"
+    # the driver takes what the chart sets
+    import argparse
+
+    from driver.config import add_arguments, build
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = build(parser.parse_args([]), {k: v for k, v in env.items() if isinstance(v, str)})
+    assert str(config.fpga_bitstreams) == "/opt/fpga/bitstreams" and config.fpga_program_timeout == 20
+    chart = helm.Chart.load(str(CHART))
+    for bad in ({"fpga": {"bitstreams": {"hostPath": "relative/store"}}}, {"fpga": {"programTimeoutSeconds": 41}}):
+        with pytest.raises(helm.HelmError):
+            chart.render(bad, name="dra", namespace="x")
 
 
 @pytest.mark.parametrize("api_version", ["resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"])

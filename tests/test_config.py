@@ -105,6 +105,8 @@ def test_nic_filters_parsed():
     (["--registration-timeout", "0"], "--registration-timeout: 0.0 is outside"),
     (["--claim-workers", "0"], "--claim-workers: 0 is outside 1..256 threads"),
     (["--claim-workers", "many"], "--claim-workers: 'many' is not a number of threads"),
+    (["--mps-shm-size", "lots"], "--mps-shm-size: 'lots' is not a quantity"),
+    (["--mps-shm-size", "4Ki"], "--mps-shm-size: '4Ki' is below 1Mi"),
 ])
 def test_invalid_values_are_named(argv, fragment):
     argv = ["--node-name", "n", *argv] if "--node-name" not in argv else argv

@@ -31,10 +31,19 @@ GOOD = {
         "defaultPinnedDeviceMemoryLimit": 1048576}}},
     "gpu mps 1Mi": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
         "defaultPinnedDeviceMemoryLimit": "1Mi", "defaultActiveThreadPercentage": 100}}},
+    "gpu mps multi-user": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "multiUser": True, "defaultActiveThreadPercentage": 50}}},
+    "gpu mps multi-user off": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "multiUser": False}}},
+    "gpu mps multi-user null": {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+        "multiUser": None}}},
     "gpu sharing null": {"apiVersion": V, "kind": "GpuConfig", "sharing": None},
     "gpu mps with null time-slicing": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
         "strategy": "MPS", "timeSlicingConfig": None}},
     "fpga management": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": True},
+    "fpga function": {"apiVersion": V, "kind": "FpgaConfig", "function": "bcb4e605-a501-55d4-a198-ec86ce02d0cd"},
+    "fpga function and digest": {"apiVersion": V, "kind": "FpgaConfig", "function": "BCB4E605A50155D4A198EC86CE02D0CD",
+                                 "digest": "sha256:" + "ab" * 32},
     "nic moved": {"apiVersion": V, "kind": "NicConfig", "moveInterface": True, "interfaceName": "net1",
                   "rdma": False},
     "nic null name": {"apiVersion": V, "kind": "NicConfig", "interfaceName": None},
@@ -42,6 +51,10 @@ GOOD = {
 }
 BAD = {
     "not an object": ["GpuConfig"],
+    "fpga function not a uuid": {"apiVersion": V, "kind": "FpgaConfig", "function": "vadd"},
+    "fpga digest without function": {"apiVersion": V, "kind": "FpgaConfig", "digest": "sha256:" + "ab" * 32},
+    "fpga digest not sha256": {"apiVersion": V, "kind": "FpgaConfig", "function": "bcb4e605-a501-55d4-a198-ec86ce02d0cd",
+                               "digest": "md5:abc"},
     "wrong apiVersion": {"apiVersion": "accel.dra.io/v1", "kind": "GpuConfig"},
     "no apiVersion": {"kind": "GpuConfig"},
     "unknown kind": {"apiVersion": V, "kind": "TpuConfig"},
@@ -53,18 +66,18 @@ BAD = {
     "env bad name": {"apiVersion": V, "kind": "GpuConfig", "env": {"1ABC": "x"}},
     "env dash": {"apiVersion": V, "kind": "GpuConfig", "env": {"A-B": "x"}},
     "env DRA_": {"apiVersion": V, "kind": "GpuConfig", "env": {"DRA_GPU_UUID": "x"}},
-    "env value not a string": {"apiVersion": V, "kind": "GpuConfig", "env": {"N": 1}},
-    "env of 65": {"apiVersion": V, "kind": "GpuConfig", "env": {f"V{i}": "x" for i in range(65)}},
-    "bool as string": {"apiVersion": V, "kind": "NicConfig", "moveInterface": "true"},
-    "bool as int": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": 1},
-    "rdma null": {"apiVersion": V, "kind": "NicConfig", "rdma": None},
-    "interface too long": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16},
     # Issue 38: a claim's env comes after the driver's and would undo NVIDIA_VISIBLE_DEVICES=void
     # (every GPU of the node under NVIDIA's runtime) or an MPS share's limits.
     "env NVIDIA_VISIBLE_DEVICES": {"apiVersion": V, "kind": "GpuConfig", "env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
     "env NVIDIA_VISIBLE_DEVICES on a NIC": {"apiVersion": V, "kind": "NicConfig",
                                             "env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
     "env CUDA_MPS_": {"apiVersion": V, "kind": "GpuConfig", "env": {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}},
+    "env value not a string": {"apiVersion": V, "kind": "GpuConfig", "env": {"N": 1}},
+    "env of 65": {"apiVersion": V, "kind": "GpuConfig", "env": {f"V{i}": "x" for i in range(65)}},
+    "bool as string": {"apiVersion": V, "kind": "NicConfig", "moveInterface": "true"},
+    "bool as int": {"apiVersion": V, "kind": "FpgaConfig", "managementAccess": 1},
+    "rdma null": {"apiVersion": V, "kind": "NicConfig", "rdma": None},
+    "interface too long": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16},
     "interface slash": {"apiVersion": V, "kind": "NicConfig", "interfaceName": "net/1"},
     "interface empty": {"apiVersion": V, "kind": "NicConfig", "interfaceName": ""},
     "interface number": {"apiVersion": V, "kind": "NicConfig", "interfaceName": 1},
@@ -85,6 +98,10 @@ BAD = {
         "strategy": "TimeSlicing", "mpsConfig": {}}},
     "mps unknown field": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
         "strategy": "MPS", "mpsConfig": {"threads": 50}}},
+    "multi-user as string": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"multiUser": "true"}}},
+    "multi-user as int": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"multiUser": 1}}},
     "percentage 0": {"apiVersion": V, "kind": "GpuConfig", "sharing": {
         "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}},
     "percentage 101": {"apiVersion": V, "kind": "GpuConfig", "sharing": {

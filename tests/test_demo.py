@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,9 @@ def test_demo_claim_runs_every_example(name):
     if podman_ready() is None or os.environ.get("CI"):  # CI installs podman: it must run there
         assert text.count("container saw:") == text.count("prepared:"), text
     assert f"dra-driver demo --claim examples/{name}/claim.yaml --profile {profile}" in readme
+    if name == "fpga-programmed":
+        # the claim's function loaded at prepare, as the container (or its spec) shows
+        assert re.search(r"DRA_FPGA_\w+_FUNCTION_ID=bcb4e605-a501-55d4-a198-ec86ce02d0cd$", text, re.M), text
     if name in DYNAMIC_MIG:
         assert "--mig-mode dynamic" in readme
         text = "\n".join(out)

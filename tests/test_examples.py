@@ -28,6 +28,7 @@ INTENT = {
     "gpu-nic-aligned": ("h100x8", {"gpu", "nic"}),
     "mig": ("a100-mig", {"mig"}),
     "fpga-by-shell": ("alveo", {"fpga"}),
+    "fpga-programmed": ("alveo", {"fpga"}),
     "sriov-vf-rdma": ("sriov", {"nic"}),
     "nic-in-pod": ("sriov", {"nic"}),
     "prioritized-gpu": ("l4", {"gpu"}),

@@ -372,3 +372,31 @@ def test_the_claim_get_happens_outside_the_cross_process_lock(env):
         os.close(fd)
     thread.join(20)
     assert answer[claim.uid].error == ""
+
+
+def test_a_claim_moving_its_nic_reserved_for_two_pods_is_refused_at_prepare(env):
+    """Issue 38, 10(a): the interface can be in one pod only; the second pod's sandbox
+    would fail on every retry. Refused at prepare with one line naming the claim, the
+    device and the pods; one pod, or two without moveInterface, prepare as before."""
+    api, _, kubelet, dirs = env
+    moved = {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig", "moveInterface": True,
+             "interfaceName": "net1"}
+    two = [{"resource": "pods", "name": name, "uid": f"uid-{name}"} for name in ("b", "a")]
+
+    def reserved(name: str, config: dict, pods: list[dict]) -> Claim:
+        uid = str(uuid.uuid4())
+        claim = claim_allocated("default", name, uid, [result("vf", VF)], [opaque(["vf"], config)])
+        claim["status"]["reservedFor"] = pods
+        api.put_claim(claim)
+        return Claim("default", name, uid)
+
+    error = _bad(api, kubelet, dirs, reserved("shared-vf", moved, two), "reserved for 2 pods")
+    assert error == (
+        f"claim default/shared-vf: device {VF} has NicConfig moveInterface: true, so its "
+        "interface goes into one pod's network namespace, but the claim is reserved for 2 "
+        "pods (a, b); give each pod its own claim (a ResourceClaimTemplate)")
+    ok = reserved("one-pod", moved, two[:1])
+    assert kubelet.prepare([ok]).claims[ok.uid].error == ""
+    assert kubelet.unprepare([ok]).claims[ok.uid].error == ""
+    stays = reserved("on-host", {"apiVersion": "accel.dra.io/v1alpha1", "kind": "NicConfig"}, two)
+    assert kubelet.prepare([stays]).claims[stays.uid].error == ""

@@ -473,6 +473,10 @@ class Demo:
             limits = [v for v in e.get("env", []) if v.startswith("CUDA_MPS_")]
             if limits:
                 self.out(f"     MPS {' '.join(sorted(limits))}")
+            # what an FPGA's region holds after prepare loaded the claim's function
+            functions = [v for v in e.get("env", []) if v.startswith("DRA_FPGA_") and "_FUNCTION_ID=" in v]
+            if functions:
+                self.out(f"     FPGA {' '.join(sorted(functions))}")
 
 
     def container_name(self) -> str:

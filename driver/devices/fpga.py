@@ -13,6 +13,7 @@ from pathlib import Path
 
 from driver.kube import names
 from driver.devices import pci
+from driver.devices.bitstreams import canonical_uuid
 from driver.devices.model import AttributeSet, Device, DeviceKind
 from driver.devices.pciids import PciIds
 from driver.devices.problems import DeviceError, Problems
@@ -191,3 +192,20 @@ def _suffix(name: str) -> int:
         return int(name.rsplit(".", 1)[1])
     except (IndexError, ValueError):
         return -1
+
+
+def loaded_function(sysfs: Path, device: Device) -> tuple[Path, str | None]:
+    """The sysfs file that names the function loaded in the device's programmable region,
+    and what it says now (canonical UUID; None: empty or unreadable): Alveo's user function
+    `logic_uuids`, a DFL port's `afu_id`. Read live, never from the inventory: prepare
+    must see what a programming a moment ago (or one a crash cut short) left."""
+    bdf = device.pci.bus_id if device.pci is not None else ""
+    function = sysfs / "bus" / "pci" / "devices" / bdf
+    if device.attributes.get("family") == "dfl":
+        ports = sorted(function.resolve().glob("fpga_region/*/dfl-port.*"), key=lambda p: _suffix(p.name))
+        index = int(device.attributes.get("port", 0))
+        path = ports[index] / "afu_id" if index < len(ports) else function / "afu_id"
+    else:
+        path = function / "logic_uuids"
+    text = _first_line(path)
+    return path, canonical_uuid(text) if text else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+from driver.devices.bitstreams import canonical_uuid
 from driver.prepare.cdi import ContainerEdits, DeviceNode, Mount, NetDevice
 from driver.devices.model import PCI_BUS_ID, Device, DeviceKind
 from driver.devices.nvml import CONTROL_NODES
@@ -20,6 +21,8 @@ class EditsError(ValueError):
 
 # NVIDIA's container runtime and hook select GPUs by this variable (see build()).
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+# A DFL port with no AFU loaded shows an all-zero afu_id (and a cleared region the same).
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 def env_prefix(device_name: str) -> str:
@@ -75,6 +78,13 @@ def build(
     elif device.kind is DeviceKind.FPGA:
         if "interfaceID" in device.attributes:
             env.append(f"{prefix}_INTERFACE_ID={device.attributes['interfaceID']}")
+        # The function the region holds as prepare left it (read from sysfs after any
+        # programming, driver/prepare/fpgaprogram.py), in the form FpgaConfig.function
+        # names it: a workload checks it is the one it was built for before it enqueues
+        # work, without reading the host's sysfs, which a container may not see.
+        loaded = canonical_uuid(str(device.attributes.get("logicUUID") or device.attributes.get("afuID") or ""))
+        if loaded is not None and loaded != ZERO_UUID:
+            env.append(f"{prefix}_FUNCTION_ID={loaded}")
         if isinstance(config, FpgaConfig) and config.managementAccess:
             if not device.management_nodes:
                 raise EditsError(f"FPGA {device.name} has no management node to grant")

@@ -14,6 +14,7 @@ config:
         mpsConfig:
           defaultActiveThreadPercentage: 50
           defaultPinnedDeviceMemoryLimit: 20Gi
+          multiUser: false          # true: pods of different UIDs share one MPS server
 ```
 
 Decoding is strict: an unknown kind, an unknown field or a wrongly typed value is an
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -61,6 +63,10 @@ class MpsConfig:
     # None leaves the MPS default (100 %, no pinned-memory limit).
     defaultActiveThreadPercentage: int | None = None
     defaultPinnedDeviceMemoryLimit: str | None = None  # a quantity, canonical form
+    # `nvidia-cuda-mps-control -M` (NVIDIA's GpuConfig calls it multiUser too): one MPS
+    # server, run as root, serves the clients of every UID, so pods running as different
+    # users can share the GPU. Volta or newer; the users are not isolated from each other.
+    multiUser: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,11 @@ class FpgaConfig:
     # Also hand out the management node (/dev/xclmgmtN, /dev/dfl-fme.N): it can reflash
     # the card, so it is off unless asked for.
     managementAccess: bool = False
+    # The accelerator function to load at prepare (docs/fpga.md): the UUID the device shows
+    # once it is loaded (Alveo logicUUID = the xclbin's UUID, DFL afuID = the GBS's
+    # accelerator-type-uuid), canonical form; the node's bitstream store holds the file.
+    function: str | None = None
+    digest: str | None = None  # "sha256:<64 hex>" of the store's file; only with function
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,8 @@ def decode(parameters: Any) -> DeviceConfig:
         fields["sharing"] = _sharing(f"{kind}.sharing", fields["sharing"])
     if config_type is NicConfig:
         fields.update(_nic_network(fields))
+    if config_type is FpgaConfig:
+        fields.update(_fpga_function(fields))
     for name, value in fields.items():
         if name in _BOOL_FIELDS and not isinstance(value, bool):
             raise ConfigDecodeError(f"{kind}.{name} must be true or false, got {value!r}")
@@ -209,6 +222,29 @@ def _nic_network(fields: dict) -> dict:
         raise ConfigDecodeError(f"NicConfig.{wanted[0]} needs moveInterface: true (an interface "
                                 "left in the host's namespace is not reconfigured)")
     return out
+
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _fpga_function(fields: dict) -> dict:
+    """function as a canonical UUID (sysfs prints it with or without dashes), digest only
+    beside it; null means absent."""
+    function, digest = fields.get("function"), fields.get("digest")
+    if function is not None:
+        if not isinstance(function, str) or not _UUID.match(function):
+            raise ConfigDecodeError(f"FpgaConfig.function {function!r} is not a UUID (the "
+                                    "xclbin's UUID or the GBS's accelerator-type-uuid)")
+        function = str(uuid.UUID(function))
+    if digest is not None:
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise ConfigDecodeError(f"FpgaConfig.digest {digest!r} must be sha256: and 64 "
+                                    "lower-case hex digits")
+        if function is None:
+            raise ConfigDecodeError("FpgaConfig.digest needs function: it checks the file "
+                                    "that loads the function")
+    return {"function": function, "digest": digest}
 
 
 def _is_cidr(text: str) -> bool:
@@ -264,11 +300,6 @@ def _env(kind: str, env: Any) -> dict[str, str]:
             raise ConfigDecodeError(f"{kind}.env.{key} must be a string")
         if key.startswith("DRA_"):
             raise ConfigDecodeError(f"{kind}.env.{key}: DRA_* variables are set by the driver")
-    return dict(env)
-
-
-def _fields(where: str, value: Any, known: type) -> dict:
-    """A nested object: a map with only the dataclass's fields; null means absent."""
         # A claim's env is applied after the driver's: NVIDIA_VISIBLE_DEVICES=all would
         # undo the `void` that keeps NVIDIA's container runtime from adding every GPU of
         # the node, and CUDA_MPS_* would replace a share's limits and its pipe directory.
@@ -276,6 +307,11 @@ def _fields(where: str, value: Any, known: type) -> dict:
             raise ConfigDecodeError(f"{kind}.env.{key}: set by the driver (NVIDIA_VISIBLE_DEVICES keeps "
                                     "NVIDIA's runtime to the claim's GPUs; CUDA_MPS_* carry an MPS "
                                     "share's limits)")
+    return dict(env)
+
+
+def _fields(where: str, value: Any, known: type) -> dict:
+    """A nested object: a map with only the dataclass's fields; null means absent."""
     if not isinstance(value, dict):
         raise ConfigDecodeError(f"{where} must be an object, got {value!r}")
     unknown = sorted(set(value) - set(known.__dataclass_fields__))
@@ -330,4 +366,7 @@ def _mps(where: str, value: Any) -> MpsConfig:
             raise ConfigDecodeError(f"{where}.defaultPinnedDeviceMemoryLimit {limit!r} is below "
                                     "1Mi, the smallest limit MPS takes")
         limit = quantity.canonical(text)
-    return MpsConfig(percentage, limit)
+    multi_user = config.get("multiUser", False)
+    if not isinstance(multi_user, bool):
+        raise ConfigDecodeError(f"{where}.multiUser must be true or false, got {multi_user!r}")
+    return MpsConfig(percentage, limit, multi_user)

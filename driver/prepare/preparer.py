@@ -48,6 +48,7 @@ from driver.state.locks import KeyedLocks, ProcessLock
 from driver.prepare import status as claim_status
 from driver.prepare.committer import GroupCommitter
 from driver.prepare.metadata import MetadataFiles, discard, pod_claim_name
+from driver.prepare.fpgaprogram import FpgaProgramError, FpgaPrograms
 from driver.prepare.mig import MigError, MigPartitions, is_partition
 from driver.prepare.mps import MpsError, MpsStarting
 from driver.prepare.mpsusers import MpsUsers
@@ -88,6 +89,7 @@ class Preparer:
         driver_mounts: Callable[[], tuple[cdi.Mount, ...]] = lambda: (),
         sharing: DeviceSharing | None = None,
         mig: MigPartitions | None = None,
+        fpga: FpgaPrograms | None = None,  # FpgaConfig.function: programmed at prepare
         status: StatusWriter | None = None,
         addresses: claim_status.Addresses = claim_status.no_addresses,
         metadata: MetadataFiles | None = None,
@@ -106,6 +108,7 @@ class Preparer:
         self.driver_mounts = driver_mounts
         self.sharing = sharing
         self.mig = mig
+        self.fpga = fpga
         self.status = status
         self.addresses = addresses
         self.metadata = metadata
@@ -179,8 +182,10 @@ class Preparer:
         try:
             prepared = self._resolve(ref, allocation)
             uses = self._uses(ref, prepared)
-            shared = self._shared(uses)
+            # Programming an FPGA takes seconds: on a pool thread, never in the committer's group.
+            shared = self._shared(uses) or any(_function_of(p) for p in prepared)
             users = ClaimUsers.of(claim)
+            self._check_moved_nics(ref, prepared, users)
             if any(u.setup is not None and u.setup.mps for u in uses):
                 users = dataclasses.replace(users, mps=await self._mps_users(ref, users))
             outcome = await self._prepare_waiting(ref, prepared, uses, shared, log, users)
@@ -244,7 +249,7 @@ class Preparer:
                 # hardware.
                 if shared:
                     self._set_up(ref, uses, users)
-                uses = self._partitions(ref, uses)
+                uses = self._program(ref, prepared, self._partitions(ref, uses))
                 self._write(ref, prepared, uses, log, "restored", users)
                 if shared and self.sharing is not None:
                     self.sharing.settle(u.device.name for u in uses if u.setup is not None)
@@ -255,7 +260,7 @@ class Preparer:
         self._check_exclusive(ref, prepared)
         if shared:
             self._set_up(ref, uses, users)
-        uses = self._partitions(ref, uses)
+        uses = self._program(ref, prepared, self._partitions(ref, uses))
         self._write(ref, prepared, uses, log, reason, users)
         if shared and self.sharing is not None:
             self.sharing.settle(u.device.name for u in uses if u.setup is not None)
@@ -290,6 +295,30 @@ class Preparer:
         except MigError as err:
             raise ClaimError(str(err)) from err
 
+    def _program(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...], uses: list[Use]) -> list[Use]:
+        """FpgaConfig.function: load it into the allocated FPGA before the spec exists
+        (driver/prepare/fpgaprogram.py); the container gets the device as it is then."""
+        if not any(_function_of(p) for p in prepared):
+            return uses
+        if self.fpga is None:
+            raise ClaimError(f"claim {ref}: FpgaConfig.function asks for programming, which this "
+                             "driver instance cannot do")
+        result = []
+        for p, use in zip(prepared, uses):
+            if _function_of(p):
+                holders = [f"{r.namespace}/{r.name}" for r in self.checkpoint.records()
+                           if r.uid != ref.uid and r.state is State.PREPARE_COMPLETED
+                           and any(d.device == p.device for d in r.devices)]
+                config = opaque.from_dict(p.config)
+                assert isinstance(config, opaque.FpgaConfig)
+                try:
+                    use = dataclasses.replace(use, device=self.fpga.ensure(str(ref), use.device,
+                                                                           config, holders))
+                except FpgaProgramError as err:
+                    raise ClaimError(str(err)) from err
+            result.append(use)
+        return result
+
     def _set_up(self, ref: ClaimRef, uses: list[Use], users: "ClaimUsers | None" = None) -> None:
         """Check the claim's sharing against the other claims and set the devices up
         (time-slice, compute mode, MPS daemon) before the spec that relies on it exists.
@@ -307,6 +336,24 @@ class Preparer:
         self.sharing.clear_leftovers(str(ref), ref.uid, [u.device.name for u in uses
                                                          if u.device.name not in plan], records)
         self.sharing.apply(str(ref), plan)
+
+    @staticmethod
+    def _check_moved_nics(ref: ClaimRef, prepared: tuple[PreparedDevice, ...],
+                          users: "ClaimUsers") -> None:
+        """An interface moved into a pod's network namespace (NicConfig moveInterface, by
+        the NRI plugin or by the runtime from CDI netDevices) is in one pod at a time: for
+        a claim reserved for two pods, the second pod's sandbox would fail on every retry,
+        with a message about the first. Refused here, where the reason can be named."""
+        if len(users.pods) < 2:
+            return
+        for p in prepared:
+            config = opaque.from_dict(p.config) if p.config else None
+            if isinstance(config, opaque.NicConfig) and config.moveInterface:
+                raise ClaimError(
+                    f"claim {ref}: device {p.device} has NicConfig moveInterface: true, so its "
+                    f"interface goes into one pod's network namespace, but the claim is "
+                    f"reserved for {len(users.pods)} pods ({', '.join(users.pods)}); give "
+                    "each pod its own claim (a ResourceClaimTemplate)")
 
     def _check_exclusive(self, ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> None:
         """A device prepared for one claim is not handed to another, unless one of the two
@@ -488,6 +535,9 @@ class Preparer:
 
     def _reconcile_sharing(self) -> list[str]:
         self._sweep_metadata()
+        if self.fpga is not None:  # records of an earlier boot go, a crashed programming's
+            # tool still running is stopped; nothing on a card is undone
+            self.fpga.reconcile(self.checkpoint.records(fresh=True))
         if self.sharing is None:
             return []
         with self._sharing_lock:
@@ -515,6 +565,11 @@ class Preparer:
 
     def prepared_claims(self) -> list[str]:
         return self.checkpoint.uids()
+
+
+def _function_of(prepared: PreparedDevice) -> str | None:
+    """The FPGA function a prepared device's config asks to load."""
+    return (prepared.config or {}).get("function") if (prepared.config or {}).get("kind") == "FpgaConfig" else None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import stat
 import struct
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from driver.devices.discovery import Sources
 from driver.devices.mock import catalog
 from driver.devices.net import NicFilter
 from driver.devices.pciids import PciIds
-from driver.devices.mock import fakenvml
+from driver.devices.mock import fakenvml, fpgatools, tools
 from driver.devices.mock.fakenvml import FakeGpu, FakeMig, FakeNvmlLibrary
 from driver.devices.mock.profile import AlveoSpec, DflSpec, GpuSpec, NicSpec, Profile
 
@@ -73,6 +72,7 @@ def build(profile: Profile, root: Path) -> MockNode:
             (root / name).rename(aside)
             kept.append((aside, name))
     numbered = _rdma_numbers(root / "sys")
+    loaded = _fpga_loaded(root / "sys")
     if root.exists():
         shutil.rmtree(root)
     for aside, name in kept:
@@ -80,9 +80,25 @@ def build(profile: Profile, root: Path) -> MockNode:
         aside.rename(root / name)
     writer = _Writer(root, numbered)
     writer.write_profile(profile, boot_id)
+    for path, text in loaded.items():  # a driver restart does not reprogram a card
+        if path.exists():
+            path.write_text(text)
     (root / STAMP).write_text(_fingerprint(profile))
     writer.file(root / PCI_IDS, catalog.pci_ids())
     return _node(root, writer, profile)
+
+
+def _fpga_loaded(sysfs: Path) -> dict[Path, str]:
+    """What the FPGAs of the tree being replaced have loaded (Alveo logic_uuids, DFL
+    afu_id): a rebuilt tree keeps it, as a card keeps its function over a driver restart."""
+    found: dict[Path, str] = {}
+    for pattern in ("devices/*/*/*/logic_uuids", "devices/*/*/*/fpga_region/*/dfl-port.*/afu_id"):
+        for path in sysfs.glob(pattern):
+            try:
+                found[path] = path.read_text()
+            except OSError:
+                continue
+    return found
 
 
 def _rdma_numbers(sysfs: Path) -> dict[str, tuple[int, str]]:
@@ -119,6 +135,8 @@ STAMP = ".profile"
 GPU_STATE = "gpu-state"  # driver/devices/mock/gpustate.py
 GPU_LOAD = "gpu-load"  # driver/devices/mock/gpuload.py
 KEPT = (GPU_STATE, GPU_LOAD)
+FPGA_TOOLS = "fpga-tools"  # the fake xbutil and fpgaconf
+BITSTREAMS = "bitstreams"  # the mock node's bitstream store
 PCI_IDS = Path("usr/share/hwdata/pci.ids")  # below the mock root, as Debian's hwdata has it
 
 
@@ -256,6 +274,8 @@ class _Writer:
         self.addresses(route, [i for i in self.interfaces if i != mgmt])
         if self._rdma_devices:
             self.node("/dev/infiniband/rdma_cm")
+        if self._xclmgmt or self._dfl_fme:
+            self.fpga_files()
         if self.gpus:
             for control in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
                 self.node(f"/dev/{control}")
@@ -270,7 +290,11 @@ class _Writer:
         count = len(self.gpus)
         # nvidia-smi stays a shell script, so that a container (busybox) can run it; the
         # subcommand the driver uses goes to the mock's tool (driver/devices/mock/tools.py).
-        tool = f"{shlex.quote(sys.executable)} -m driver.devices.mock.tools"
+        # The tree is shared: the driver on the host and the MPS daemon pod (another
+        # Python, the image's /opt/dra) run the same scripts, so no interpreter path is
+        # written here. The driver process that runs a tool names its own interpreter
+        # (tools.PYTHON_VARIABLE); without it, python3 on PATH (the image's /opt/dra/bin).
+        tool = f'"${{{tools.PYTHON_VARIABLE}:-python3}}" -m driver.devices.mock.tools'
         root = shlex.quote(str(self.driver_root.parent))
         self.file(bin_dir / "nvidia-smi", "\n".join((
             "#!/bin/sh",
@@ -281,6 +305,34 @@ class _Writer:
                   f'#!/bin/sh\nexec {tool} --root {root} nvidia-cuda-mps-control "$@"')
         for name in ("nvidia-smi", "nvidia-cuda-mps-control"):
             (bin_dir / name).chmod(0o755)
+
+    def fpga_files(self) -> None:
+        """The programming tools (fake xbutil and fpgaconf, shell scripts that run the
+        mock's tools under the driver's Python, driver/devices/mock/fpgatools.py) and a
+        bitstream store with images for every catalog card (docs/fpga.md)."""
+        tools_dir = self.sys.parent / FPGA_TOOLS
+        # -W: runpy warns that the package (imported first) already holds the module.
+        tool = f'"${{{tools.PYTHON_VARIABLE}:-python3}}" -W ignore::RuntimeWarning -m driver.devices.mock.fpgatools'
+        root = shlex.quote(str(self.sys.parent))
+        for name in ("xbutil", "fpgaconf"):
+            self.file(tools_dir / name, f'#!/bin/sh\nexec {tool} --root {root} {name} "$@"')
+            (tools_dir / name).chmod(0o755)
+        store = self.sys.parent / BITSTREAMS
+        for model, alveo in catalog.ALVEO.items():
+            for function, payload in fpgatools.MOCK_IMAGES.items():
+                self.image(store / alveo.interface_uuid / f"{function}-{model}.xclbin",
+                           fpgatools.xclbin(alveo.interface_uuid, fpgatools.function_id(function, model),
+                                            alveo.vbnv, payload))
+        for model, dfl in catalog.DFL.items():
+            interface = str(uuid.UUID(dfl.compat_id))
+            for function, payload in fpgatools.MOCK_IMAGES.items():
+                self.image(store / interface / f"{function}-{model}.gbs",
+                           fpgatools.gbs(interface, fpgatools.function_id(function, model),
+                                         f"{function} ({model})", payload))
+
+    def image(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
     def root_complex(self, domain: str, bus: int) -> Path:
         path = self.sys / "devices" / f"pci{domain}:{bus:02x}"
