@@ -286,6 +286,64 @@ def run(oracle: Oracle, seeds) -> dict:
     return {"counts": counts, "disagreements": disagreements}
 
 
+# -- pods: several claims allocated together (issue 41) ----------------------------------------------------
+def pod_scenario(seed: int) -> dict:
+    """scenario(seed) as a pod with two or three claims: the scenario's claim first, then
+    one or two more from a generator of their own (the one-claim scenarios stay as they are)."""
+    sc = scenario(seed)
+    rng = random.Random(f"pod-{seed}")
+    claims = [sc["claim"]]
+    for i in range(1, rng.randint(2, 3)):
+        requests = [_request(rng, f"r{j}", ["gpu", "gpu", "any", "big"]) for j in range(rng.randint(1, 2))]
+        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": f"claim-{i}", "namespace": "default", "uid": f"uid-claim-{i}"},
+                       "spec": {"devices": {"requests": requests}}})
+    return {**sc, "claims": claims}
+
+
+def pod_explain_answer(sc: dict, node: str) -> dict:
+    world = w.build(sc["slices"] + sc["classes"] + sc["allocated"])
+    claims = [engine.PodClaim(f"default/{c['metadata']['name']}", c["spec"], "default") for c in sc["claims"]]
+    reports = engine.explain_pod_node(claims, node, world)
+    failed = [r for r in reports if not r.fits]
+    if failed:
+        return {"fits": False, "why": failed[-1].why}
+    return {"fits": True, "why": engine.FITS,
+            "claims": [[(r["request"], r["pool"], r["device"]) for r in report.allocation] for report in reports]}
+
+
+def pod_oracle_answer(oracle: Oracle, sc: dict, node: str) -> dict:
+    raw = oracle.ask({"op": "allocate", "node": {"name": node}, "slices": sc["slices"], "classes": sc["classes"],
+                      "claims": sc["claims"], "allocated": sc["allocated"]})
+    if raw.get("error"):
+        return {"fits": False, "error": raw["error"]}
+    if not raw.get("fits"):
+        return {"fits": False}
+    return {"fits": True, "claims": [[(r["request"], r["pool"], r["device"]) for r in result["devices"]["results"]]
+                                     for result in raw["results"]]}
+
+
+def run_pods(oracle: Oracle, seeds) -> dict:
+    """As run(), for pod_scenario(seed): explain_pod_node against the allocator given all the
+    pod's claims at once."""
+    counts = {"agree": 0, "cel-error": 0, "disagree": 0}
+    disagreements = []
+    for seed in seeds:
+        sc = pod_scenario(seed)
+        for node in sc["nodes"]:
+            ours, theirs = pod_explain_answer(sc, node), pod_oracle_answer(oracle, sc, node)
+            if "a CEL error aborts the allocation" in ours["why"]:
+                kind = "cel-error"
+            elif ours["fits"] == theirs["fits"] and ours.get("claims") == theirs.get("claims"):
+                kind = "agree"
+            else:
+                kind = "disagree"
+            counts[kind] += 1
+            if kind == "disagree":
+                disagreements.append({"seed": seed, "node": node, "explain": ours, "scheduler": theirs})
+    return {"counts": counts, "disagreements": disagreements}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
@@ -293,6 +351,7 @@ def main() -> int:
     parser.add_argument("--oracle", help="a built hack/allocator-oracle (default: build it)")
     parser.add_argument("--keep", action="store_true", help=f"add disagreements to {REGRESSIONS.name}")
     parser.add_argument("--demo", action="store_true", help="compare the demo allocator too")
+    parser.add_argument("--pods", action="store_true", help="compare pods of several claims too (pod_scenario)")
     args = parser.parse_args()
     binary = Path(args.oracle) if args.oracle else build_oracle()
     if binary is None:
@@ -304,6 +363,16 @@ def main() -> int:
     finally:
         oracle.close()
     print(json.dumps({"seeds": f"{args.seed}..{args.seed + args.count - 1}", **result["counts"]}))
+    pods = {"counts": {}, "disagreements": []}
+    if args.pods:
+        oracle = Oracle(binary)
+        try:
+            pods = run_pods(oracle, range(args.seed, args.seed + args.count))
+        finally:
+            oracle.close()
+        print(json.dumps({"pods": pods["counts"]}))
+        for item in pods["disagreements"][:5]:
+            print(json.dumps(item))
     if args.demo:
         oracle = Oracle(binary)
         try:
@@ -330,7 +399,7 @@ def main() -> int:
         finally:
             oracle.close()
         REGRESSIONS.write_text(json.dumps(kept, indent=1) + "\n")
-    return 1 if result["disagreements"] or (args.demo and demo["counts"]["disagree"]) else 0
+    return 1 if result["disagreements"] or pods["disagreements"] or (args.demo and demo["counts"]["disagree"]) else 0
 
 
 
@@ -509,34 +578,27 @@ def go_features(names) -> dict:
 
 
 def upstream_explain(sc: dict) -> dict:
-    """explain, claim by claim in order, each fitting claim's devices then counted as
-    allocated for the next (explain judges one claim at a time)."""
+    """explain, the scenario's claims allocated together as a pod's are (engine.explain_pod_node:
+    claim by claim, each beside the devices of the ones before, backtracking across them)."""
     node = upstream_node(sc)["name"]
     node_object = {"kind": "Node", "metadata": {"name": node, "labels": upstream_node(sc)["labels"]}}
-    allocated = upstream_allocated(sc)
-    claims = []
-    for index, claim in enumerate(sc["claims"]):
-        world = w.build(_kind(sc["slices"], "ResourceSlice") + _kind(sc["classes"], "DeviceClass") + allocated
-                        + [node_object])
-        name = (claim.get("metadata") or {}).get("name", f"claim-{index}")
-        try:
-            report = engine.explain_node(f"default/{name}", claim["spec"], node, world, "default")
-        except engine.ClaimError as err:
-            return {"fits": False, "error": f"explain: {err}"}
-        if not report.fits:
-            answer: dict = {"fits": False, "why": report.why}
-            if _is_error(report.why):
-                answer["error"] = report.why
-            return answer
-        results = [{k: r[k] for k in ("request", "driver", "pool", "device")} for r in report.allocation]
-        full = [dict(r, **({"consumedCapacity": r["consumedCapacity"], "shareID": f"s-{index}-{i}"}
-                           if r.get("consumedCapacity") is not None else {}))
-                for i, r in enumerate(report.allocation)]
-        allocated = allocated + [{"kind": "ResourceClaim", "metadata": {"name": name, "namespace": "default",
-                                                                       "uid": f"uid-{index}"},
-                                  "spec": claim["spec"], "status": {"allocation": {"devices": {"results": full}}}}]
-        claims.append(_devices(results))
-    return {"fits": True, "claims": claims}
+    world = w.build(_kind(sc["slices"], "ResourceSlice") + _kind(sc["classes"], "DeviceClass")
+                    + upstream_allocated(sc) + [node_object])
+    claims = [engine.PodClaim(f"default/{(claim.get('metadata') or {}).get('name', f'claim-{index}')}",
+                              claim["spec"], "default") for index, claim in enumerate(sc["claims"])]
+    try:
+        reports = engine.explain_pod_node(claims, node, world)
+    except engine.ClaimError as err:
+        return {"fits": False, "error": f"explain: {err}"}
+    failed = [r for r in reports if not r.fits]
+    if failed:
+        why = failed[-1].why  # the claim that cannot be placed; those before it name it
+        answer: dict = {"fits": False, "why": why}
+        if _is_error(why):
+            answer["error"] = why
+        return answer
+    return {"fits": True, "claims": [_devices([{k: r[k] for k in ("request", "driver", "pool", "device")}
+                                               for r in report.allocation]) for report in reports]}
 
 
 def _is_error(why: str) -> bool:

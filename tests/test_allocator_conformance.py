@@ -235,8 +235,6 @@ def test_demo_allocator_list_attributes_and_dedicated_capacity():
 NOT_MODELLED_REASONS = {
     "gate-off": "a feature gate explain assumes on is off in the scenario (explain models the "
                 "clusters where the DRA gates it reads are on)",
-    "joint-claims": "several claims allocated together, the scheduler backtracking from one claim "
-                    "into the previous: explain judges one claim at a time",
 }
 NOT_MODELLED = {
     "admin-access-disabled": "gate-off", "binding-conditions-without-feature-gate": "gate-off",
@@ -248,7 +246,6 @@ NOT_MODELLED = {
     "prioritized-list-disabled": "gate-off", "tainted-admin-access-disabled": "gate-off",
     "tainted-all-devices-single-disabled": "gate-off", "tainted-disabled": "gate-off",
     "tainted-prioritized-list-disabled": "gate-off",
-    "small-and-large-backtrack-claims": "joint-claims",
 }
 UPSTREAM = diff.upstream_scenarios()
 
@@ -263,7 +260,7 @@ def test_upstream_scenarios_are_all_there():
     assert set(NOT_MODELLED) <= names and set(NOT_MODELLED.values()) == set(NOT_MODELLED_REASONS)
     # a scenario of a feature explain does not model (binding conditions, compatibility groups,
     # derived attributes, optional node operations, fractional capacity ranges) is counted apart
-    assert sum(_modelled(sc) for sc in UPSTREAM) >= 232
+    assert sum(_modelled(sc) for sc in UPSTREAM) >= 233  # with the pod's claims together (issue 41)
 
 
 @pytest.mark.parametrize("sc", [sc for sc in UPSTREAM if _modelled(sc)], ids=lambda sc: sc["name"])
@@ -338,3 +335,49 @@ def test_the_demo_allocator_fails_on_a_capacity_error_before_a_device_that_fits(
     ours = diff.demo_answer(one, diff.upstream_node(sc)["name"])
     assert ours is not None and not ours["fits"], ours
     assert "checking capacity for device device-1" in ours["why"] and "exceeds MaxInt64" in ours["why"]
+
+
+# -- a pod's claims together (issue 41) ----------------------------------------------------------------------
+def _memory_request(name: str, least: str) -> dict:
+    return request(name, selectors=[{"cel": {"expression":
+                                             f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{least}")) >= 0'}}])
+
+
+SMALL_AND_LARGE = [slice_("slice-1", [device("device-2", capacity={"memory": {"value": "2Gi"}}),
+                                      device("device-1", capacity={"memory": {"value": "1Gi"}})])]
+
+
+def test_a_pods_claims_backtrack_into_the_claim_before():
+    # upstream "small-and-large-backtrack-claims": claim-0 (1Gi or more) first takes device-2,
+    # which claim-1 (2Gi) needs; the scheduler goes back and gives claim-0 device-1.
+    claims = [engine.PodClaim("default/claim-0", {"devices": {"requests": [_memory_request("req-0", "1Gi")]}}, "default"),
+              engine.PodClaim("default/claim-1", {"devices": {"requests": [_memory_request("req-1", "2Gi")]}}, "default")]
+    reports = engine.explain_pod_node(claims, NODE, w.build(SMALL_AND_LARGE + [CLASS]))
+    assert [r.fits for r in reports] == [True, True]
+    assert [chosen(r) for r in reports] == [[("req-0", "device-1")], [("req-1", "device-2")]]
+    # Judged alone, each claim takes device-2: the difference the pod makes.
+    assert chosen(explain(SMALL_AND_LARGE, [_memory_request("req-0", "1Gi")])) == [("req-0", "device-2")]
+
+
+def test_a_pods_claim_that_no_choice_of_the_others_leaves_room_for_says_so():
+    claims = [engine.PodClaim(f"default/claim-{i}", {"devices": {"requests": [_memory_request(f"req-{i}", "2Gi")]}},
+                              "default") for i in range(2)]
+    first, second = engine.explain_pod_node(claims, NODE, w.build(SMALL_AND_LARGE + [CLASS]))
+    assert not first.fits and first.why == "the pod's claim default/claim-1 does not fit beside it on this node"
+    assert not second.fits and second.fits_when_free is True
+    assert second.why.startswith("it fits alone, but not beside the pod's claims before it (default/claim-0), "
+                                 "whatever devices they take; with their first choice: request req-1: 0 of 2 fit")
+    assert "allocated to claim default/claim-0" in second.why
+
+
+def test_a_device_a_pods_claim_takes_with_admin_access_is_in_use_for_its_other_claims():
+    # k8s.io/dynamic-resource-allocation v0.37 marks a device it allocates with admin access
+    # as in use for the other claims of the same run; an allocated claim's admin access does not.
+    objects = [slice_("slice-1", [device("device-1")]), CLASS]
+    admin = {"devices": {"requests": [request("req-0", adminAccess=True)]}}
+    plain = {"devices": {"requests": [request("req-1")]}}
+    reports = engine.explain_pod_node([engine.PodClaim("default/a", admin, "default"),
+                                       engine.PodClaim("default/b", plain, "default")], NODE, w.build(objects))
+    assert not reports[-1].fits and "allocated to claim default/a" in reports[-1].why
+    held = allocated([{"request": "r", "driver": DRIVER, "pool": "pool-1", "device": "device-1", "adminAccess": True}])
+    assert explain(objects[:1] + [held], [request("req-1")]).fits

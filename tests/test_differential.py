@@ -51,6 +51,13 @@ def test_generated_scenarios_agree_with_the_scheduler(oracle):
     assert not result["disagreements"], json.dumps([d["finding"] for d in result["disagreements"][:3]], indent=1)
 
 
+def test_generated_pods_of_several_claims_agree_with_the_scheduler(oracle):
+    # issue 41: a pod's claims allocated together, with the scheduler's backtracking across them
+    result = diff.run_pods(oracle, range(1, COUNT + 1))
+    assert result["counts"]["agree"] > 0
+    assert not result["disagreements"], json.dumps(result["disagreements"][:3], indent=1)
+
+
 def test_dra_cel_cases_agree_with_the_real_library(oracle):
     for case in DRA:
         device = {"driver": case["driver"], "attributes": case["attributes"], "capacity": case["capacity"]}

@@ -20,6 +20,7 @@ from driver.demo import _inventory_from_slices
 from driver.devices.mock import builtin_profiles
 from driver.explain import engine, sources
 from driver.explain import world as w
+from driver.kube import quantity
 from driver.scheduling import cel
 from driver.scheduling.allocator import Unsatisfiable, allocate, allocation_results
 from driver.sim.apiserver import ApiServer, claim_allocated
@@ -59,6 +60,8 @@ def allocator_fits(objects: list[dict], spec: dict, taken: set[str] = frozenset(
         for r in claim["status"]["allocation"]["devices"]["results"]:
             if "shareID" not in r:
                 taken = set(taken) | {r["device"]}
+            else:  # a share: the scheduler counts what it consumed of the device
+                shares.take(r["device"], {k: quantity.value(v) for k, v in (r.get("consumedCapacity") or {}).items()})
             counters.take(r["device"])
     try:
         allocate(spec, inventory, classes, DRIVER, set(taken), shares, counters, taints)
@@ -219,6 +222,74 @@ def test_consumable_capacity_left_is_reported(published):
     v = verdicts(result)[gpu["name"]]
     if not result.fits:
         assert v.code == engine.CAPACITY and f"of {total} left" in v.reason
+
+
+def _shared_gpus(objects: list[dict], holders_per_gpu: int) -> list[dict]:
+    """The node's GPUs, each with this many other claims holding a 10Gi share of it."""
+    gpus = [d for o in objects if o["kind"] == "ResourceSlice" for d in o["spec"].get("devices", [])
+            if d["name"].startswith("gpu-")]
+    for i, gpu in enumerate(gpus):
+        for j in range(holders_per_gpu):
+            objects.append(holder(f"job-{i}-{j}", [{
+                "request": "g", "driver": DRIVER, "pool": NODE, "device": gpu["name"], "shareID": str(uuid.uuid4()),
+                "consumedCapacity": {"memory": "10Gi", "compute": "10"}}]))
+    return gpus
+
+
+def _share(memory: str) -> dict:
+    return {"devices": {"requests": [{"name": "share", "exactly": {
+        "deviceClassName": f"gpu.{DRIVER}", "capacity": {"requests": {"memory": memory}}}}]}}
+
+
+def test_a_request_larger_than_any_device_names_the_largest_and_no_holder(published):
+    # Issue 41 item 5: 90Gi on 80 GiB GPUs, 16 claims holding shares. Freeing them would not
+    # help: the answer says so, names the largest device, and lists none of the 16.
+    objects = published("h100x8")
+    gpus = _shared_gpus(objects, 2)
+    total = gpus[0]["capacity"]["memory"]["value"]
+    result = explain(objects, _share("90Gi"))
+    assert not result.fits and not allocator_fits(objects, _share("90Gi"))
+    (node,) = result.nodes
+    assert node.why == (f"request share: no device of the node can hold it even when free: memory 90Gi "
+                        f"wanted, the largest has {total} ({gpus[0]['name']})")
+    assert node.fits_when_free is False
+    for gpu in gpus:
+        v = verdicts(result)[gpu["name"]]
+        assert (v.code, v.reason) == (engine.CAPACITY, f"asks for more capacity than the device has: memory 90Gi "
+                                                       f"wanted, {total} there")
+    # One GPU larger than the others: it is the one named.
+    gpus[5]["capacity"]["memory"]["value"] = "88Gi"
+    node = explain(objects, _share("90Gi")).nodes[0]
+    assert node.why.endswith(f"the largest has 88Gi ({gpus[5]['name']})") and "job-" not in node.why
+    # A share that fits an empty GPU but not beside the others' shares still names them.
+    result = explain(objects, _share("70Gi"))
+    assert not result.fits and not allocator_fits(objects, _share("70Gi"))
+    assert result.nodes[0].fits_when_free is True
+    assert "not enough capacity left" in result.nodes[0].why and "(held by default/job-" in result.nodes[0].why
+
+
+def test_more_devices_than_the_node_has_is_judged_as_if_nothing_were_allocated(published):
+    objects = published("h100x8")
+    _shared_gpus(objects, 1)
+    objects.append(holder("whole", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": "nic-0000-12-00-0"}]))
+    nine = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": 9}}]}}
+    result = explain(objects, nine)
+    assert not result.fits and not allocator_fits(objects, nine)
+    node = result.nodes[0]
+    assert node.why == "request gpu: 8 of 8 fit, needs 9, even with nothing allocated"
+    assert node.fits_when_free is False
+    two = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": 2}}]}}
+    assert explain(objects, two).nodes[0].fits_when_free is True
+
+
+def test_cli_a_request_larger_than_any_device(tmp_path):
+    claim = tmp_path / "big.yaml"
+    claim.write_text(yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                     "metadata": {"name": "big"}, "spec": _share("90Gi")}))
+    code, out, _ = run("-f", str(claim), "--mock", "h100x8", "--gpu-sharing", "consumable")
+    assert code == 1 and "no device of the node can hold it even when free: memory 90Gi wanted" in out
+    code, out, _ = run("-f", str(claim), "--mock", "h100x8", "--gpu-sharing", "consumable", "-o", "json")
+    assert json.loads(out)["claims"][0]["nodes"][0]["fits_when_free"] is False
 
 
 def test_admin_access_needs_the_namespace_label(published):
@@ -562,3 +633,103 @@ def test_node_selector_operators(req, labels, matches):
     assert w.selector_matches({"nodeSelectorTerms": [{"matchFields": [
         {"key": "metadata.name", "operator": "In", "values": ["node"]}]}]}, "node", {})
     assert not w.selector_matches({"nodeSelectorTerms": [{}]}, "node", labels)
+
+
+# -- a pod's claims, allocated together (issue 41) -----------------------------------------------------
+POD_CLAIMS = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: any-gpu}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.accel.dra.io}}]}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: first-gpu}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.accel.dra.io
+        selectors: [{cel: {expression: 'device.attributes["accel.dra.io"].index == 0'}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer}
+spec:
+  resourceClaims: %s
+  containers: [{name: c, image: busybox}]
+"""
+
+
+def _pod_file(tmp_path, entries: str) -> str:
+    path = tmp_path / "pod.yaml"
+    path.write_text(POD_CLAIMS % entries)
+    return str(path)
+
+
+def test_a_pods_claims_are_allocated_together_backtracking_across_them(tmp_path):
+    # "any" is first: alone it takes GPU 0, which "first-gpu" needs; the scheduler goes back
+    # and gives it GPU 1. Judged one by one, both would get GPU 0.
+    pod = _pod_file(tmp_path, "[{name: any, resourceClaimTemplateName: any-gpu}, "
+                              "{name: pinned, resourceClaimName: first-gpu}]")
+    code, out, err = run("-f", pod, "--mock", "mixed", "-o", "json")
+    assert code == 0, err
+    body = {c["claim"]: c for c in json.loads(out)["claims"]}
+    assert set(body) == {"default/trainer-any", "default/first-gpu"}  # each once, as the pod's
+    assert [a["device"] for a in body["default/trainer-any"]["nodes"][0]["allocation"]] == ["gpu-0000-21-00-0"]
+    assert [a["device"] for a in body["default/first-gpu"]["nodes"][0]["allocation"]] == ["gpu-0000-11-00-0"]
+    assert "allocated together" in body["default/first-gpu"]["source"]
+
+
+def test_a_pod_whose_claims_do_not_fit_together_names_the_one_that_cannot_be_placed(tmp_path):
+    pod = _pod_file(tmp_path, "[{name: a, resourceClaimTemplateName: any-gpu}, "
+                              "{name: b, resourceClaimTemplateName: any-gpu}, {name: c, resourceClaimName: first-gpu}]")
+    code, out, _ = run("-f", pod, "--mock", "mixed", "-o", "json")
+    assert code == 1
+    nodes = {c["claim"]: c["nodes"][0] for c in json.loads(out)["claims"]}
+    assert nodes["default/trainer-a"]["why"] == "the pod's claim default/first-gpu does not fit beside it on this node"
+    assert nodes["default/first-gpu"]["why"].startswith(
+        "it fits alone, but not beside the pod's claims before it (default/trainer-a, default/trainer-b), "
+        "whatever devices they take")
+    assert nodes["default/first-gpu"]["fits_when_free"] is True
+
+
+def test_a_pod_naming_a_claim_that_is_not_in_the_file_is_one_line(tmp_path):
+    pod = _pod_file(tmp_path, "[{name: a, resourceClaimTemplateName: any-gpu}, {name: b, resourceClaimName: nope}]")
+    code, _, err = run("-f", pod, "--mock", "mixed")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().endswith("Pod trainer: spec.resourceClaims[1] (b): no ResourceClaim 'nope' in namespace "
+                                "default in the file")
+
+
+TAINT = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
+AFFINITY = ("affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: "
+            "[{matchExpressions: [{key: pool, operator: In, values: [training]}]}]}}}")
+
+
+@pytest.mark.parametrize("pod_spec,labels,node_taints,why", [
+    ("nodeSelector: {pool: training}", {"pool": "inference"}, [],
+     "the pod's nodeSelector pool=training does not match the node ('inference')"),
+    ("nodeSelector: {pool: training}", {}, [], "the pod's nodeSelector pool=training does not match the node "
+                                               "(no such label)"),
+    (AFFINITY, {"pool": "inference"}, [], "the pod's required node affinity does not match the node's labels"),
+    (AFFINITY, {"pool": "training"}, [], None),
+    ("nodeSelector: {}", {}, TAINT, "the node's taint dedicated=ml:NoSchedule is not tolerated by the pod"),
+    ("tolerations: [{key: dedicated, operator: Exists}]", {}, TAINT, None),
+    ("nodeSelector: {}", {}, [dict(TAINT[0], effect="PreferNoSchedule")], None),
+])
+def test_a_pods_node_filters_decide_whether_the_node_is_a_candidate(tmp_path, pod_spec, labels, node_taints, why):
+    text = (POD_CLAIMS % "[{name: a, resourceClaimTemplateName: any-gpu}, {name: b, resourceClaimName: first-gpu}]")
+    text = text.replace("  containers:", f"  {pod_spec}\n  containers:")
+    text += "---\n" + yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels},
+                                      "spec": {"taints": node_taints}})
+    path = tmp_path / "pod.yaml"
+    path.write_text(text)
+    code, out, err = run("-f", str(path), "--mock", "mixed", "-o", "json")
+    nodes = [c["nodes"][0] for c in json.loads(out)["claims"]]
+    if why is None:
+        assert code == 0 and all(n["fits"] for n in nodes), err
+    else:
+        assert code == 1 and [n["why"] for n in nodes] == [why, why]
+        assert all(n["fits_when_free"] is False and not n["alternatives"] for n in nodes)

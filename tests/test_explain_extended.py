@@ -223,7 +223,7 @@ def test_cli_a_node_with_the_device_plugin_keeps_it_out_of_the_claim(tmp_path):
     assert code == 0, err
     (e,) = json.loads(out)["claims"]
     assert e["nodes"] == [{"node": "mock-node", "fits": True, "why": "", "allocation": [], "alternatives": [],
-                           "constraints": []}]
+                           "constraints": [], "fits_when_free": True}]
     assert any("node mock-node: status.allocatable lists nvidia.com/gpu: 8: a device plugin" in n
                for n in e["notes"])
 

@@ -13,6 +13,7 @@ from driver import needs_demo_extra
 
 if TYPE_CHECKING:
     from driver.explain import engine, sources
+    from driver.explain import pods as pod_claims
     from driver.explain import world as w
 
 # The engine and its CEL evaluator (cel-python, the `demo` extra) are imported when explain
@@ -31,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a ResourceClaim name, else a ResourceClaimTemplate name (in the cluster, "
                              "the --slices files or -f FILE)")
     parser.add_argument("-f", "--filename", type=Path, metavar="FILE",
-                        help="explain the ResourceClaims / ResourceClaimTemplates of this YAML file, and "
+                        help="explain the ResourceClaims / ResourceClaimTemplates of this YAML file (those "
+                             "a Pod or workload of it names together, allocated together as the scheduler "
+                             "does, on the nodes its nodeSelector, affinity and tolerations allow), and "
                              "for its Pods and workloads asking for extended resources (nvidia.com/gpu: 1) "
                              "the claim the scheduler makes (DeviceClasses and Nodes in it are used too)")
     parser.add_argument("-n", "--namespace", default=None,
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
 
 def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
     from driver.explain import extended, sources
+    from driver.explain import pods as pod_claims
     from driver.explain import world as w
 
     if args.claim is None and args.filename is None:
@@ -106,6 +110,7 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
         objects += sources.read_objects(path, "--slices")
     namespace = args.namespace or "default"
     pods: list[extended.PodResources] = []
+    together: list[pod_claims.PodClaims] = []
     if args.filename is not None:
         claim_objects = sources.read_objects(args.filename, "-f")
         file_claims = sources.claims_in(claim_objects, args.filename.name, namespace)
@@ -119,6 +124,11 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
                                       "pod asking for extended resources in it")
         claims = file_claims if pods else sources.pick(file_claims, args.claim, args.namespace,
                                                        f"-f {args.filename}")
+        if args.claim is None:
+            # A pod's claims are allocated together: explained as its pod, not one by one.
+            together = pod_claims.pods_with_claims(claim_objects, file_claims, f"-f {args.filename}", namespace)
+            named = [c for pod in together for c in pod.named]
+            claims = [c for c in claims if c not in named]
         # DeviceClasses and Nodes of the file take part; its claims are not allocations.
         objects += [o for o in claim_objects if o.get("kind") in ("DeviceClass", "Node")]
     elif offline:
@@ -146,7 +156,29 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
                                       f"(nodes: {', '.join(world.nodes()) or 'none'})")
     nodes = args.node or None
     return ([_one(claim, world, nodes, args.driver_name) for claim in claims]
+            + [e for pod in together for e in _pod(pod, world, nodes, args.driver_name)]
             + [extended.explain_pod(pod, world, nodes) for pod in pods])
+
+
+def _pod(pod: pod_claims.PodClaims, world: w.World, nodes: list[str] | None,
+         driver: str) -> list[engine.Explanation]:
+    from driver.explain import configs, engine
+
+    from driver.explain import pods as pod_claims
+
+    considered = nodes if nodes is not None else world.nodes()
+    filtered = {node: why for node in considered if (why := pod_claims.node_filter(pod, node, world))}
+    results = engine.explain_pod([engine.PodClaim(c.ref, c.spec, c.namespace, c.uid) for c in pod.claims],
+                                 world, nodes, [f"{c.kind} from {c.origin}, claim {i + 1} of {len(pod.claims)} of "
+                                                f"{pod.kind} {pod.ref}, allocated together"
+                                                for i, c in enumerate(pod.claims)], filtered)
+    unknown = [node for node in considered if node not in world.labels]
+    for claim, result in zip(pod.claims, results):
+        configs.check(result, claim.spec, driver, world)
+        if unknown and (pod.node_selector or pod.required_affinity is not None):
+            result.notes.append(f"no Node object for {', '.join(unknown)}: the pod's nodeSelector and node "
+                                "affinity are not checked there (give the Nodes with -f or --slices)")
+    return results
 
 
 def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,

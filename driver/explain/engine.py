@@ -8,6 +8,10 @@ rounding and counter bookkeeping, so that the two agree; tests hold them to it. 
 difference is deliberate: the scheduler stops at the first CEL runtime error it meets,
 which depends on the order it visits devices; here every device is evaluated and any
 error is reported as aborting the node, with the device and expression.
+
+A pod's claims are allocated together (explain_pod_node), as the scheduler allocates them:
+each claim's search is the one above, and a claim whose devices leave no room for the
+claims after it is searched on for its next choice.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from driver.explain.verdicts import (ADMIN, ALLOCATED, CAPACITY, CAPACITY_ERROR,
                                      SELECTOR, TAINT, Alternative, AlternativeReport, ClaimError,
                                      DeviceVerdict, Explanation, NodeReport)
 from driver.scheduling import cel, taints
-from driver.scheduling.allocator import Counters, Shares, _canonical, capacity_error
+from driver.scheduling.allocator import Counters, Shares, _canonical, _round, capacity_error
 
 def requests(claim: str, spec: dict) -> list[tuple[str, list[Alternative]]]:
     """The claim's requests, each with its alternatives (one unless firstAvailable)."""
@@ -85,8 +89,13 @@ class _Ledger:
     counters: Counters
 
 
-def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | None) -> _Ledger:
-    holders = world.holders(skip_uid)
+def _ledger(world: w.World, devices: list[w.PoolDevice], skip_uid: str | frozenset[str] | None,
+            vacant: bool = False) -> _Ledger:
+    """What other claims hold; with `vacant`, nothing: the node as if no claim were allocated.
+    `skip_uid`: the claim(s) being explained, whose own allocations do not count."""
+    skip = frozenset(u for u in ([skip_uid] if isinstance(skip_uid, str) else skip_uid or ()) if u)
+    holders = {} if vacant else {key: kept for key, held in world.holders().items()
+                                 if (kept := [h for h in held if h.uid not in skip])}
     shares = Shares()
     counters = Counters()
     for (driver, pool, name), totals in world.counter_sets.items():
@@ -168,14 +177,11 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
     problem = capacity_error(device.capacity, alt.capacity)
     if problem:
         return verdict(CAPACITY_ERROR, problem)
-    if alt.capacity and not device.multiple:
-        # A dedicated device serves a capacity request that it could hold (KEP-5075).
-        missing = sorted(set(alt.capacity) - set(device.capacity))
-        if missing:
-            return verdict(CAPACITY, f"asks for capacity {missing[0]}, which the device does not have")
-        if _dedicated_amount(device, alt.capacity) is None:
-            return verdict(CAPACITY, "asks for more capacity than the device has: " + ", ".join(
-                f"{k} {v} wanted, {device.capacity[k]['value']} there" for k, v in alt.capacity.items()))
+    # A dedicated device serves a capacity request that it could hold (KEP-5075). A request
+    # that a shareable device could not hold even when free is said so, without the
+    # claims holding shares of it: naming them would suggest that freeing them helps.
+    if (alt.capacity or device.multiple) and _never_holds(device, alt):
+        return verdict(CAPACITY, _too_large(device, alt.capacity))
     if device.multiple:
         short = _capacity_short(device, alt.capacity, ledger.shares)
         if short:
@@ -185,6 +191,29 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
         # (a shared device already in use has taken its counters)
         return verdict(COUNTERS, _counters_short(device, ledger))
     return verdict(FITS, FITS)
+
+
+def _too_large(device: w.PoolDevice, requests: dict) -> str:
+    """Why a capacity request does not fit the device even with nothing allocated on it."""
+    missing = sorted(set(requests) - set(device.capacity))
+    if missing:
+        return f"asks for capacity {missing[0]}, which the device does not have"
+    parts = [f"{name} {wanted} wanted, {total} there" for name, wanted, total in _over(device, requests)]
+    return "asks for more capacity than the device has: " + ", ".join(parts or [
+        f"{k} {v} wanted, {device.capacity[k]['value']} there" for k, v in requests.items()])
+
+
+def _over(device: w.PoolDevice, requests: dict) -> list[tuple[str, str, str]]:
+    """(capacity, wanted, total) for each capacity of the device that the request, rounded
+    up by the device's request policy, asks more of than the device has."""
+    out = []
+    for name, entry in device.capacity.items():
+        policy = entry.get("requestPolicy") or {}
+        wanted = str(requests.get(name, policy["default"] if policy.get("default") is not None else entry["value"]))
+        rounded = _round(quantities.value(wanted), policy)
+        if rounded is None or rounded > quantities.value(entry["value"]):
+            out.append((name, wanted, entry["value"]))
+    return out
 
 
 def _dedicated_amount(device: w.PoolDevice, requests: dict):
@@ -235,6 +264,121 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
     world = world.view(node)  # the pools as the scheduler gathers them for this node
     devices = world.on_node(node)
     ledger = _ledger(world, devices, skip_uid)
+    report = _judge_node(claim, spec, node, world, devices, ledger, namespace)
+    report.fits_when_free = report.fits
+    if report.fits or not (ledger.holders or any(ledger.counters.used.values())):
+        return report
+    # Judged again as if no claim were allocated: where it still does not fit, no removal
+    # can help, and the reasons of that judgement name no claim that holds a device.
+    vacant = _judge_node(claim, spec, node, world, devices, _ledger(world, devices, skip_uid, vacant=True),
+                         namespace)
+    report.fits_when_free = vacant.fits
+    if not vacant.fits and vacant.why != report.why:
+        report.why = vacant.why + ("" if EVEN_WHEN_FREE in vacant.why else ", even with nothing allocated")
+        report.constraints = vacant.constraints
+    return report
+
+
+EVEN_WHEN_FREE = "no device of the node can hold it even when free"
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """One of a pod's claims, in the order of the pod's spec.resourceClaims."""
+
+    ref: str  # namespace/name
+    spec: dict
+    namespace: str
+    uid: str | None = None  # a claim allocated already: its own allocation does not count
+
+
+def explain_pod_node(claims: list[PodClaim], node: str, world: w.World) -> list[NodeReport]:
+    """A pod's claims on one node, allocated together as the scheduler does: claim by
+    claim in order, each beside the devices the earlier ones took, and where a claim finds
+    no devices, back into the claims before it for their next choice. One report per claim:
+    all fit, with what each would get; or the claims up to the first that cannot be placed
+    beside the earlier ones whatever they choose, which says why; the claims after it are
+    not judged."""
+    for claim in claims:
+        requests(claim.ref, claim.spec)
+    world = world.view(node)
+    devices = world.on_node(node)
+    ledger = _ledger(world, devices, frozenset(c.uid for c in claims if c.uid))
+    together = _together(claims, node, world, devices, ledger)
+    if together is not None:
+        for report in together:
+            report.fits_when_free = True
+        return together
+    # The first claim that no choice of the claims before it leaves room for: the claims up
+    # to it do not fit together, those before it do.
+    index = next(i for i in range(len(claims)) if _together(claims[:i + 1], node, world, devices, ledger) is None)
+    before = _together(claims[:index], node, world, devices, ledger) or []
+    claim = claims[index]
+    report = explain_node(claim.ref, claim.spec, node, world, claim.namespace, claim.uid)
+    if report.fits:
+        taken = ledger
+        for earlier, earlier_report in zip(claims, before):
+            taken = _with(taken, earlier.ref, earlier_report.allocation)
+        beside = _judge_node(claim.ref, claim.spec, node, world, devices, taken, claim.namespace)
+        names = ", ".join(c.ref for c in claims[:index])
+        beside.why = (f"it fits alone, but not beside the pod's claims before it ({names}), whatever devices "
+                      f"they take; with their first choice: {beside.why}")
+        beside.fits, beside.fits_when_free, report = False, True, beside
+    for earlier in before:
+        earlier.fits, earlier.fits_when_free = False, True  # (each judged alone, as fits_when_free is)
+        earlier.why = (f"the pod's claim {claim.ref} does not fit " + ("beside it " if report.fits_when_free else "")
+                       + "on this node")
+    return before + [report]
+
+
+def _together(claims: list[PodClaim], node: str, world: w.World, devices: list[w.PoolDevice],
+              ledger: _Ledger) -> list[NodeReport] | None:
+    """The reports of these claims allocated together (the scheduler's depth-first search
+    across claims), or None where they cannot all be placed."""
+    if not claims:
+        return []
+    first, rest = claims[0], claims[1:]
+    after: list[NodeReport] | None = None
+
+    def accept(found) -> bool:
+        nonlocal after
+        results = [_result(alt, d, ledger) for alt, chosen in found for d in chosen]
+        after = _together(rest, node, world, devices, _with(ledger, first.ref, results))
+        return after is not None
+
+    report = _judge_node(first.ref, first.spec, node, world, devices, ledger, first.namespace,
+                         accept=accept if rest else None)
+    if not report.fits:
+        return None
+    return [report] + (after or [])
+
+
+def _with(ledger: _Ledger, claim: str, results: list[dict]) -> _Ledger:
+    """The ledger with a claim's results counted as allocated: a device held whole, a share
+    of a shareable one, the counters of a device it is the first to hold."""
+    holders = {key: list(held) for key, held in ledger.holders.items()}
+    shares = Shares(capacity=ledger.shares.capacity, used={k: dict(v) for k, v in ledger.shares.used.items()})
+    counters = Counters(totals=ledger.counters.totals, used={k: dict(v) for k, v in ledger.counters.used.items()},
+                        consumes=ledger.counters.consumes)
+    for result in results:
+        key = f"{result['driver']}/{result['pool']}/{result['device']}"
+        # A device taken with admin access by a claim of the same pod is in use for the pod's
+        # other claims (a share of a shareable one takes its capacity), unlike one an allocated
+        # claim holds with admin access: k8s.io/dynamic-resource-allocation v0.37 marks every
+        # device it is allocating, admin or not.
+        consumed = result.get("consumedCapacity")
+        if key not in holders:
+            counters.take(key)
+        holders.setdefault(key, []).append(w.Holder(claim, "", consumed))
+        if consumed is not None:
+            shares.take(key, {k: quantities.value(str(v)) for k, v in consumed.items()})
+    return _Ledger(holders, shares, counters)
+
+
+def _judge_node(claim: str, spec: dict, node: str, world: w.World, devices: list[w.PoolDevice],
+                ledger: _Ledger, namespace: str, accept=None) -> NodeReport:
+    """`accept(found)`: whether the search takes this allocation (the pod's later claims fit
+    beside it); the search goes on to the next one where it does not, as the scheduler's does."""
     plan = requests(claim, spec)
     report = NodeReport(node, False, "")
     by_key = {d.key: d for d in devices}
@@ -302,7 +446,7 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
         return report
     constraints = (spec.get("devices") or {}).get("constraints") or []
     try:
-        found = _search(options, constraints, ledger)
+        found = _search(options, constraints, ledger, accept=accept)
     except _AllConstraintError as err:
         report.why = (f"request {err.args[0]}: asks for all devices, but a claim constraint would not be "
                       "satisfied by them; the scheduler fails the allocation")
@@ -312,7 +456,7 @@ def explain_node(claim: str, spec: dict, node: str, world: w.World, namespace: s
         report.why = FITS
         report.allocation = [_result(alt, d, ledger) for alt, chosen in found for d in chosen]
         return report
-    report.why, report.constraints = _why_not(plan, options, constraints, ledger)
+    report.why, report.constraints = _why_not(plan, options, constraints, ledger, by_key)
     invalid = sorted(f"{driver}/{pool}" for (driver, pool), (why, nodes) in world.unusable_pools.items()
                      if why.startswith("invalid") and (nodes is None or node in nodes))
     if invalid:
@@ -330,7 +474,9 @@ def _never_holds(device: w.PoolDevice, alt: Alternative) -> bool:
 
 def _result(alt: Alternative, device: w.PoolDevice, ledger: _Ledger) -> dict:
     result = {"request": alt.request, "driver": device.driver, "pool": device.pool, "device": device.name}
-    if device.multiple and not alt.admin:
+    if alt.admin:
+        result["adminAccess"] = True  # as in the AllocationResult (once allocated, it blocks no other claim)
+    if device.multiple:  # with admin access too: the scheduler gives such a result its share
         amount = ledger.shares.amount(device.key, alt.capacity) or {}
         result["consumedCapacity"] = {k: _canonical(v) for k, v in amount.items()}
     return result
@@ -374,7 +520,7 @@ class _AllConstraintError(Exception):
     """A request for all devices whose devices break a constraint: the scheduler's error."""
 
 
-def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000):
+def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000, accept=None):
     def satisfied(chosen) -> bool:
         return all(_constraint_holds(c, chosen) for c in constraints)
 
@@ -390,7 +536,7 @@ def _search(options, constraints: list[dict], ledger: _Ledger, limit: int = 2000
         if sum(len(ds) for _, ds in chosen) > MAX_RESULTS:
             return None  # a claim holds at most 32 results
         if index == len(options):
-            return chosen if satisfied(chosen) else None
+            return chosen if satisfied(chosen) and (accept is None or accept(chosen)) else None
         for alt, fitting, _ in options[index]:  # first alternative first
             if isinstance(fitting, _AllDevices):
                 combo = _take_all(alt, fitting, chosen, used, ledger, satisfied)
@@ -481,12 +627,13 @@ def _constraint_attribute(constraint: dict) -> str:
     return constraint.get("matchAttribute") or constraint.get("distinctAttribute") or ""
 
 
-def _why_not(plan, options, constraints, ledger) -> tuple[str, list[str]]:
+def _why_not(plan, options, constraints, ledger, by_key: dict[str, w.PoolDevice]) -> tuple[str, list[str]]:
     short = []
     for (name, _), per_request in zip(plan, options):
         if all(len(fitting) < max(_count(alt, fitting), 1) for alt, fitting, _ in per_request):
-            short.append(f"request {name}: " + "; ".join(_shortfall(alt, fitting, alt_report)
-                                                         for alt, fitting, alt_report in per_request))
+            short.append(f"request {name}: " + "; ".join(
+                _hopeless(alt, alt_report, by_key) or _shortfall(alt, fitting, alt_report)
+                for alt, fitting, alt_report in per_request))
     if short:
         return "; ".join(short), []
     explained = []
@@ -498,6 +645,36 @@ def _why_not(plan, options, constraints, ledger) -> tuple[str, list[str]]:
     if _quiet_search(options, constraints, _without_counters(ledger)) is not None:
         return "the fitting devices share counters: no combination leaves room for all of them", []
     return "no combination of the fitting devices satisfies all constraints together", []
+
+
+# The verdicts of devices that pass the class, the selectors, admin access and taints:
+# what could serve the request but for other claims' allocations and its capacity.
+_CANDIDATES = (ALLOCATED, CAPACITY, COUNTERS, FITS)
+
+
+def _hopeless(alt: Alternative, report: AlternativeReport, by_key: dict[str, w.PoolDevice]) -> str | None:
+    """"no device of the node can hold it even when free: memory 90Gi wanted, the largest
+    has 81559Mi (gpu-0)" where every candidate device is too small for the capacity request
+    with nothing allocated on it; None where some device could hold it. No claim is named:
+    removing none of them would help."""
+    candidates = [by_key[f"{v.driver}/{v.pool}/{v.device}"] for v in report.devices if v.code in _CANDIDATES]
+    if not candidates or not all((alt.capacity or d.multiple) and _never_holds(d, alt) for d in candidates):
+        return None
+    label = "" if "/" not in alt.request else f"{alt.request}: "
+    parts = []
+    for name in sorted({name for d in candidates for name, _, _ in _over(d, alt.capacity)} | set(alt.capacity)):
+        having = [d for d in candidates if name in d.capacity]
+        if not having:
+            parts.append(f"asks for capacity {name}, which no such device has")
+            continue
+        largest = max(having, key=lambda d: quantities.value(d.capacity[name]["value"]))
+        over = dict((n, wanted) for n, wanted, _ in _over(largest, alt.capacity))
+        if name in over:
+            parts.append(f"{name} {over[name]} wanted, the largest has {largest.capacity[name]['value']} "
+                         f"({largest.name})")
+    if not parts:  # each capacity fits some device, but no device holds all of them
+        parts.append(f"e.g. {candidates[0].name}: {_too_large(candidates[0], alt.capacity)}")
+    return f"{label}{EVEN_WHEN_FREE}: " + "; ".join(parts)
 
 
 def _shortfall(alt: Alternative, fitting: list, report: AlternativeReport) -> str:
@@ -532,6 +709,30 @@ def _explain_constraint(constraint: dict, options) -> str:
     if "matchAttribute" in constraint:
         return f"matchAttribute {attribute}: {listing}: no value common to all"
     return f"distinctAttribute {attribute}: {listing}: not enough distinct values"
+
+
+def explain_pod(claims: list[PodClaim], world: w.World, nodes: list[str] | None = None,
+                sources: list[str] | None = None, filtered: dict[str, str] | None = None) -> list[Explanation]:
+    """A pod's claims, allocated together on each node (explain_pod_node): one explanation
+    per claim, in the pod's order. On a node where the pod does not fit, the claims after
+    the one that cannot be placed are not judged, and say so. `filtered`: node -> why the
+    pod's node filters leave it out (no claim is judged there: no removal would help)."""
+    for claim in claims:
+        requests(claim.ref, claim.spec)
+    considered = nodes if nodes is not None else world.nodes()
+    per_claim: list[list[NodeReport]] = [[] for _ in claims]
+    for node in considered:
+        if node in (filtered or {}):
+            for index in range(len(claims)):
+                per_claim[index].append(NodeReport(node, False, filtered[node], fits_when_free=False))
+            continue
+        reports = explain_pod_node(claims, node, world)
+        for index, claim in enumerate(claims):
+            per_claim[index].append(reports[index] if index < len(reports) else NodeReport(
+                node, False, f"not judged: the pod's claim {claims[len(reports) - 1].ref} does not fit on this node"))
+    return [Explanation(claim.ref, (sources or [""] * len(claims))[index], per_claim[index],
+                        suggest.suggestions(claim.spec, per_claim[index], world), list(world.notes))
+            for index, claim in enumerate(claims)]
 
 
 def explain(claim: str, spec: dict, world: w.World, namespace: str, nodes: list[str] | None = None,

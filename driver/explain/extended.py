@@ -297,9 +297,10 @@ def explain_pod(pod: PodResources, world: w.World, nodes: list[str] | None = Non
                          "serves it there, not a claim (its free count is not checked here)")
         if view.missing:
             reports.append(NodeReport(node, False, f"Insufficient {', '.join(view.missing)}: no DeviceClass "
-                                                   "serves it and the node does not list it in status.allocatable"))
+                                                   "serves it and the node does not list it in status.allocatable",
+                                      fits_when_free=False))
         elif not view.dra:
-            reports.append(NodeReport(node, True, ""))  # a device plugin's resources only
+            reports.append(NodeReport(node, True, "", fits_when_free=True))  # a device plugin's resources only
         else:
             groups.setdefault(tuple(sorted(view.dra.items())), []).append(node)
     suggestions: list[str] = []

@@ -60,6 +60,9 @@ class NodeReport:
     allocation: list[dict] = field(default_factory=list)
     alternatives: list[AlternativeReport] = field(default_factory=list)
     constraints: list[str] = field(default_factory=list)
+    # Whether the claim would fit with no claim allocated on the node: false where no
+    # removal of other claims' allocations can help (a request larger than any device).
+    fits_when_free: bool | None = None
 
 
 @dataclass

@@ -163,6 +163,8 @@ class World:
     # node -> its labels, for the nodes whose Node object was given (a slice's nodeSelector
     # is evaluated on them; on a node without, it is taken to match, with a note)
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # node -> its spec.taints, for the nodes whose Node object was given (a pod's node filter)
+    node_taints: dict[str, list[dict]] = field(default_factory=dict)
     # a node's view only: devices of its pools' slices that do not target it (their
     # allocations use the pool's shared counters too)
     elsewhere: list[PoolDevice] = field(default_factory=list)
@@ -189,7 +191,7 @@ class World:
         its old slices while another has the new ones."""
         if node not in self._views:
             view = World(classes=self.classes, claims=self.claims, namespaces=self.namespaces,
-                         allocatable=self.allocatable, labels=self.labels,
+                         allocatable=self.allocatable, labels=self.labels, node_taints=self.node_taints,
                          slice_objects=self.slice_objects, rule_objects=self.rule_objects)
             _add_slices(view, self.slice_objects, node)
             _apply_taint_rules(view, self.rule_objects)
@@ -248,6 +250,7 @@ def build(objects: Iterable[dict]) -> World:
             world.allocatable[name] = {k: str(v) for k, v in
                                        ((obj.get("status") or {}).get("allocatable") or {}).items()}
             world.labels[name] = dict((obj.get("metadata") or {}).get("labels") or {})
+            world.node_taints[name] = [t for t in (obj.get("spec") or {}).get("taints") or [] if isinstance(t, dict)]
     world.slice_objects, world.rule_objects = slices, rules
     _add_slices(world, slices)
     _apply_taint_rules(world, rules)
