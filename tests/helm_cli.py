@@ -11,36 +11,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests import gobuilt
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CLUSTER = ROOT / "hack" / "local-cluster"
 
 
 def version() -> str:
-    text = (LOCAL_CLUSTER / "versions.env").read_text()
-    found = re.search(r"HELM_VERSION=\$\{HELM_VERSION:-(v[^}]+)\}", text)
-    assert found, "versions.env names no HELM_VERSION"
-    return os.environ.get("HELM_VERSION", found.group(1))
+    return gobuilt.pinned("HELM_VERSION")
 
 
 def build() -> Path:
     """The helm binary; skips (fails under CI) where it cannot be built."""
-    if shutil.which("go") is None:
-        reason = "Go is not installed: the helm CLI cannot be built (build.sh helm)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; required under CI=true")
-        pytest.skip(reason)
-    done = subprocess.run([str(LOCAL_CLUSTER / "build.sh"), "helm"], capture_output=True,
-                          text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-2000:]
+    gobuilt.build("helm")
     return LOCAL_CLUSTER / "bin" / f"helm-{version()}" / "helm"
 
 

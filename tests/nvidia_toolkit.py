@@ -9,23 +9,18 @@ the allocator-oracle tests do).
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
+
+from tests import gobuilt
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_CLUSTER = ROOT / "hack" / "local-cluster"
 
 
 def version() -> str:
-    text = (LOCAL_CLUSTER / "versions.env").read_text()
-    found = re.search(r"NVIDIA_CONTAINER_TOOLKIT_VERSION=\$\{NVIDIA_CONTAINER_TOOLKIT_VERSION:-(v[^}]+)\}", text)
-    assert found, "versions.env names no NVIDIA_CONTAINER_TOOLKIT_VERSION"
-    return os.environ.get("NVIDIA_CONTAINER_TOOLKIT_VERSION", found.group(1))
+    return gobuilt.pinned("NVIDIA_CONTAINER_TOOLKIT_VERSION")
 
 
 def missing() -> str | None:
@@ -41,10 +36,6 @@ def build() -> Path:
     native libnvidia-ml.so.1; skips (fails under CI) where they cannot be built."""
     reason = missing()
     if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}; required under CI=true")
-        pytest.skip(reason)
-    done = subprocess.run([str(LOCAL_CLUSTER / "build.sh"), "nvidia-toolkit"], capture_output=True,
-                          text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-2000:]
+        gobuilt.skip_or_fail(reason)
+    gobuilt.build("nvidia-toolkit")
     return LOCAL_CLUSTER / "bin" / f"nvidia-container-toolkit-{version()}"

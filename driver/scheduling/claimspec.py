@@ -183,13 +183,18 @@ def _exact(exact: dict, where: str) -> list[str]:
     else:
         errors.append(f"{where}.allocationMode: Unsupported value: {_quoted(mode)}: supported values: "
                       + ", ".join(f'"{m}"' for m in MODES))
-    for k, selector in enumerate(exact.get("selectors") or []):
+    return errors + _selector_errors(exact.get("selectors"), f"{where}.selectors")
+
+
+def _selector_errors(selectors: object, where: str) -> list[str]:
+    """The server's compile errors of a list of CEL selectors (a claim's or a class's)."""
+    errors = []
+    for k, selector in enumerate(selectors if isinstance(selectors, list) else []):
         expression = (selector.get("cel") or {}).get("expression") if isinstance(selector, dict) else None
         if isinstance(expression, str):
             problem = compile_problem(expression)
             if problem:
-                errors.append(f"{where}.selectors[{k}].cel.expression: Invalid value: "
-                              f"{_quoted(expression)}: {problem}")
+                errors.append(f"{where}[{k}].cel.expression: Invalid value: {_quoted(expression)}: {problem}")
     return errors
 
 
@@ -214,14 +219,7 @@ def check_class(obj: dict) -> None:
     """A DeviceClass as the API server validates its selectors when it is written:
     ClaimSpecError with the server's message for one that does not compile."""
     name = str((obj.get("metadata") or {}).get("name") or "")
-    errors = []
-    for k, selector in enumerate((obj.get("spec") or {}).get("selectors") or []):
-        expression = (selector.get("cel") or {}).get("expression") if isinstance(selector, dict) else None
-        if isinstance(expression, str):
-            problem = compile_problem(expression)
-            if problem:
-                errors.append(f"spec.selectors[{k}].cel.expression: Invalid value: "
-                              f"{_quoted(expression)}: {problem}")
+    errors = _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors")
     if errors:
         listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
         raise ClaimSpecError(f'DeviceClass.{GROUP} "{name}" is invalid: {listed}')
