@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
     logs.configure("console", "warning")
     if args.quick:
         args.runs, args.idle_seconds = 30, 5.0

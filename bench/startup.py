@@ -21,13 +21,13 @@ from driver.sim.apiserver import ApiServer
 def bench_startup(table: Table, api: ApiServer, scratch: Path, starts: int) -> float:
     """Process start -> GetInfo answered on the registration socket, the median of
     `starts` starts with bytecode, beside the floor of any Python driver measured in the
-    same run: the interpreter starting and importing driver.plugin (what serving needs)."""
+    same run: the interpreter starting and importing driver.service.plugin (what serving needs)."""
     env = with_bytecode(scratch)
-    subprocess.run([sys.executable, "-c", "import driver.plugin, driver.cli"], env=env, check=True)
+    subprocess.run([sys.executable, "-c", "import driver.service.plugin, driver.cli"], env=env, check=True)
     imports = []
     for _ in range(starts):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import driver.plugin"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", "import driver.service.plugin"], env=env, check=True)
         imports.append(time.perf_counter() - t)
     times = []
     for _ in range(starts):
@@ -42,7 +42,7 @@ def bench_startup(table: Table, api: ApiServer, scratch: Path, starts: int) -> f
         times.append(time.perf_counter() - started)
         driver.stop()
         shutil.rmtree(driver.dir, ignore_errors=True)
-    floor = table.latency("start-up floor: python -c 'import driver.plugin'", imports)
+    floor = table.latency("start-up floor: python -c 'import driver.service.plugin'", imports)
     median = table.latency("start-up: process start -> GetInfo answered", times,
                            f"{starts} starts, with bytecode; the mock node's sysfs tree is written first")
     table.value("start-up / floor", f"{median / floor:.2f}x")

@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from driver import __version__, logs, preflight, report
+from driver import __version__, logs
+from driver.service import preflight, report
 
 from driver.publish import slices
-from driver.config import CLEANUP, DISCOVER, RUN, STATUS, ConfigError, Config, add_arguments, build
+from driver.service.config import CLEANUP, DISCOVER, RUN, STATUS, ConfigError, Config, add_arguments, build
 from driver.devices.discovery import discover, log_result
-from driver.node import open_node
+from driver.service.node import open_node
 
 EXIT_USAGE = 2
 
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == CLEANUP:
         return run_cleanup(config)
     if args.command == STATUS:
-        from driver import nodeview
+        from driver.service import nodeview
         return nodeview.main(config, args.output)
     raise AssertionError(args.command)
 
@@ -173,7 +174,7 @@ def run_plugin(config: Config) -> int:
 
     from driver.devices import sysread
     from driver.kube.client import Kube
-    from driver.plugin import StartupError, serve
+    from driver.service.plugin import StartupError, serve
 
     # The client is made by the plugin, after it offered its registration socket (or
     # before, during an upgrade); preflight has seen the kubeconfig's common mistakes.

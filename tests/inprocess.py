@@ -9,9 +9,9 @@ import socket
 import threading
 from concurrent.futures import Future
 
-from driver.config import add_arguments, build
+from driver.service.config import add_arguments, build
 from driver.kube.client import Kube
-from driver.plugin import Plugin
+from driver.service.plugin import Plugin
 from driver.sim.apiserver import ApiServer
 from tests.driverproc import DRIVER, DriverDirs
 

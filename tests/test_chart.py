@@ -70,7 +70,7 @@ def test_default_render_is_valid():
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
     # Every env var the chart sets is an option the driver knows.
-    from driver.config import OPTIONS
+    from driver.service.config import OPTIONS
 
     # ... or NVIDIA_VISIBLE_DEVICES=void, which is for NVIDIA's container runtime, not us.
     known = {o.env for o in OPTIONS} | {"NVIDIA_VISIBLE_DEVICES"}
@@ -217,7 +217,7 @@ def test_the_fpga_bitstream_store_is_mounted_read_only_where_the_driver_is_told(
     # the driver takes what the chart sets
     import argparse
 
-    from driver.config import add_arguments, build
+    from driver.service.config import add_arguments, build
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -41,7 +41,7 @@ def test_the_readme_lists_every_option_with_its_variable():
     import re
     from pathlib import Path
 
-    from driver import config
+    from driver.service import config
 
     readme = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| `--")]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from driver import cli
-from driver.config import ConfigError, add_arguments, build
+from driver.service.config import ConfigError, add_arguments, build
 
 
 def parse(argv, env=None):

@@ -14,7 +14,7 @@ import pytest
 
 from driver.publish import extendedresources
 from driver.cli import parser
-from driver.config import ConfigError, build
+from driver.service.config import ConfigError, build
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import Claim
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess

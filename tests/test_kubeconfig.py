@@ -233,7 +233,7 @@ def test_a_static_kubeconfig_never_imports_the_kubernetes_package(tmp_path):
     """The point of reading kubeconfigs ourselves: ~18 MiB and ~0.2 s saved."""
     with ApiServer() as api:
         path = api.kubeconfig(tmp_path)
-        code = ("import sys; from driver.kube.client import Kube, api_client; import driver.plugin; "
+        code = ("import sys; from driver.kube.client import Kube, api_client; import driver.service.plugin; "
                 f"print(Kube(api_client({str(path)!r})).request('GET', {DISCOVERY!r})['name'], "
                 "'kubernetes' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -313,8 +313,8 @@ def test_the_preflight_check_runs_no_plugin_and_writes_no_key(ca, tmp_path, monk
 
 
 def test_preflight_checks_the_service_account_with_the_clients_own_loader(tmp_path):
-    from driver import preflight
-    from driver.config import ConfigError
+    from driver.service import preflight
+    from driver.service.config import ConfigError
 
     account = tmp_path / "serviceaccount"
     account.mkdir()

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from driver.kubelet.sockets import OwnedSocket, registration_ours, sweep_private, sweep_public
-from driver.preflight import writable_directory
+from driver.service.preflight import writable_directory
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import PluginWatcher
 from tests.driverproc import DRIVER, DriverDirs, DriverProcess

@@ -142,7 +142,7 @@ def test_read_only_directory_is_named(tmp_path):
 def test_relative_kubeconfig_and_lists_as_kubectl_reads_them(tmp_path, monkeypatch):
     import argparse
 
-    from driver.config import CLEANUP, add_arguments, build
+    from driver.service.config import CLEANUP, add_arguments, build
 
     good = kubeconfig(tmp_path)
     parser = argparse.ArgumentParser()

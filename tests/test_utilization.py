@@ -501,7 +501,7 @@ def series_names() -> set[str]:
 def test_utilization_options_are_checked_once_with_the_option_named():
     import argparse
 
-    from driver.config import ConfigError, add_arguments, build
+    from driver.service.config import ConfigError, add_arguments, build
 
     def config(*args, command="run"):
         parser = argparse.ArgumentParser()

@@ -133,7 +133,7 @@ class Record:
 
 class AwayNetdevs:
     """The NICs the records say are (or are being) moved into pods, for discovery and the
-    health probe (driver/assembly.py wires them): the host's sysfs no longer shows their
+    health probe (driver/service/assembly.py wires them): the host's sysfs no longer shows their
     netdevs. A record is written before its netdev moves and removed after it is back, so
     no moment has the netdev gone without a record saying why.
 

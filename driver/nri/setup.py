@@ -1,4 +1,4 @@
-"""The NRI side of `dra-driver run`, made from plain values (driver/assembly.py wires it):
+"""The NRI side of `dra-driver run`, made from plain values (driver/service/assembly.py wires it):
 the mover with its records under the state directory, the pod resolver over the
 prepared-claims checkpoint and the inventory, the claim status overlay, the plugin.
 

@@ -3,15 +3,16 @@ and the inventory it keeps current, the prepare side with its sharing, MIG, meta
 status writers, publishing, health, utilization, metrics and the kubelet's services.
 
 The parts are made here, in one place, in the order their dependencies need; nothing runs
-until the plugin (driver/plugin.py) starts them in the order the kubelet needs.
+until the plugin (driver/service/plugin.py) starts them in the order the kubelet needs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from driver import logs, nodeview
-from driver.config import Config
+from driver import logs
+from driver.service import nodeview
+from driver.service.config import Config
 from driver.devices import fingerprint, sysread
 from driver.devices.discovery import DiscoveryResult, discover, log_result
 from driver.devices.model import Inventory
@@ -28,7 +29,7 @@ from driver.monitoring.utilization.events import EventRecorder
 from driver.monitoring.utilization.idle import IdleTracker
 from driver.monitoring.utilization.monitor import UtilizationMonitor
 from driver.monitoring.utilization.sampler import Sampler
-from driver.node import NodeRoots, open_node
+from driver.service.node import NodeRoots, open_node
 from driver.nri import setup as nri_setup
 from driver.nri.netdev import AwayNetdevs
 from driver.nri.plugin import NriPlugin

@@ -2,7 +2,7 @@
 back during an upgrade until this instance can serve and offered again until the kubelet
 takes it, the node's extended resources checked once, shared GPUs reconciled and device
 health probed periodically. Each loop outlives its own errors (a
-bug is logged, the loop goes on); the plugin (driver/plugin.py) starts and cancels them.
+bug is logged, the loop goes on); the plugin (driver/service/plugin.py) starts and cancels them.
 """
 
 from __future__ import annotations

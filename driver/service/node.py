@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import structlog
 
-from driver.config import Config
+from driver.service.config import Config
 from driver.devices import mock
 from driver.devices.discovery import Sources
 from driver.devices.nvml import bind_library, load_nvml

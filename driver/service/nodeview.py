@@ -21,11 +21,11 @@ from driver.state import atomic
 
 from driver.publish import extendedresources
 from driver.state.checkpoint import ClaimRecord, State, read_records
-from driver.config import Config
+from driver.service.config import Config
 from driver.devices import mock
 from driver.devices.discovery import discover
 from driver.devices.model import Inventory
-from driver.node import NodeRoots, open_node
+from driver.service.node import NodeRoots, open_node
 from driver.monitoring.utilization import idle
 from driver.monitoring.utilization.monitor import MIB, duration, holders_of
 from driver.monitoring.utilization.sampler import Sampler

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from driver import loops, preflight
+from driver.service import loops, preflight
 from driver.aio import wait_event
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.assembly import Parts, assemble
-from driver.config import Config
+from driver.service.assembly import Parts, assemble
+from driver.service.config import Config
 from driver.devices.driverwait import LIBRARY, DriverWait
 from driver.kube.client import ClientConfigError, Kube
 from driver.kubelet import health as health_stream
@@ -45,7 +45,7 @@ class StartupError(Exception):
 
 @dataclass
 class Plugin(Parts):
-    """The parts (driver/assembly.py) started in the order the kubelet needs, serving, and
+    """The parts (driver/service/assembly.py) started in the order the kubelet needs, serving, and
     stopped in the reverse order."""
 
     uevents: UeventMonitor | None = None
@@ -252,7 +252,7 @@ async def wait_for_nvidia_driver(config: Config, stop: asyncio.Event) -> bool:
     operator's driver container has not mounted it; driver/devices/driverwait.py), wait
     for it up to --nvidia-driver-wait, serving /livez (ok) and /readyz (not ready, saying
     why) meanwhile. After the bound the driver starts without GPUs and says so; rediscovery
-    loads the library when it appears (driver/node.py). False when stopped while waiting."""
+    loads the library when it appears (driver/service/node.py). False when stopped while waiting."""
     if config.mock is not None or not config.nvidia_driver_wait:
         return True  # a mock node's NVML lives in this process
     wait = DriverWait(config.sysfs_root, config.nvidia_driver_root_mount)

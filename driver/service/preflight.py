@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Mapping
 
-from driver.config import ConfigError, Config
+from driver.service.config import ConfigError, Config
 from driver.kube.kubeconfig import SERVICE_ACCOUNT, ClientConfigError, check_kubeconfig, in_cluster
 
 VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
