@@ -1,6 +1,6 @@
 """The chart's ValidatingAdmissionPolicy for opaque configs and the driver's decoder give
 the same verdict on the same configs: one table, fed to both. The policy's CEL runs on
-cel-python with the Kubernetes quantity functions (driver/scheduling/cel.py), as the API server
+cel-python with the Kubernetes quantity functions (driver/scheduling/cel/kubernetes.py), as the API server
 would run it; the API server's own 10 KiB limit on parameters stands beside it."""
 
 from __future__ import annotations
