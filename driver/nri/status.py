@@ -44,10 +44,16 @@ class NetworkConditions:
                    "hardwareAddress": data.hardware_address}
         if data.ips:
             network["ips"] = list(data.ips)[:16]
+        message = f"interface {data.interface_name} is in pod {pod}'s network namespace"
         with self._lock:
-            self._moved.setdefault(ref.uid, {})[(pool, device)] = (
-                network, (f"interface {data.interface_name} is in pod {pod}'s network namespace",
-                          now()))
+            known = self._moved.setdefault(ref.uid, {})
+            found = known.get((pool, device))
+            # CreateContainer re-attaches a NIC already in place (driver/nri/pods.py): the
+            # condition has not changed, so it keeps its transition time and costs no write.
+            if found is not None and found[0] == network and found[1] is not None \
+                    and found[1][0] == message:
+                return
+            known[(pool, device)] = (network, (message, now()))
         self._republish(ref)
 
     def returned(self, ref: ClaimRef, pool: str, device: str) -> None:
