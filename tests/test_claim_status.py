@@ -268,3 +268,39 @@ def test_an_overlay_change_while_the_first_write_is_in_flight_is_written_after_i
     (entry,) = bodies[-1]["status"]["devices"]
     assert {c["type"] for c in entry["conditions"]} == {"Ready", "NetworkReady"}
     assert entry["networkData"]["ips"] == ["10.1.0.5/24"]
+
+
+def test_a_nic_attached_again_in_the_same_pod_costs_no_status_write():
+    """CreateContainer tries the move again for every container of the pod; a NIC already
+    in place must keep its NetworkReady condition (and transition time) as it was."""
+    from driver.nri.netdev import NetworkData
+    from driver.nri.status import NetworkConditions
+    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
+    from driver.prepare.claims import ClaimRef
+
+    bodies: list[dict] = []
+
+    class Kube:
+        def resource_version(self) -> str:
+            return "v1"
+
+        def request(self, method, path, query=None, body=None, content_type=None):
+            if method == "GET":
+                return {"metadata": {"uid": "u-2"}, "status": {}}
+            bodies.append(json.loads(body))
+            return {}
+
+    writer = StatusWriter(Kube(), DRIVER)
+    conditions = NetworkConditions(writer)
+    ref = ClaimRef("ml", "vf", "u-2")
+    writer.publish(ref, [DeviceStatus("node-a", NIC, None, True, "Prepared", "", {"type": "nic"},
+                                      {"interfaceName": "net1"})])
+    data = NetworkData("net1", ("10.1.0.5/24",), "02:00:00:00:00:01")
+    conditions.moved(ref, "node-a", NIC, data, "ml/p")
+    assert writer.wait_idle(10)
+    written = len(bodies)
+    for _ in range(3):  # three more containers of the pod
+        conditions.moved(ref, "node-a", NIC, data, "ml/p")
+    assert writer.wait_idle(10)
+    writer.close()
+    assert len(bodies) == written, bodies[written:]
