@@ -57,8 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--mock: how whole GPUs are published (the driver's --gpu-sharing)")
     parser.add_argument("--mig-mode", choices=("static", "dynamic"), default="static",
                         help="--mock: the driver's --mig-mode")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                        help="table: per node, the verdict and why, for people; json: the same "
+    parser.add_argument("--request", action="append", default=[], metavar="SPEC",
+                        help="the request as a size instead of a claim: CLASS[=COUNT][,NAME=VALUE...], "
+                             "e.g. gpu=4, gpu=1,memory=40Gi (a share), mig=1,profile=3g.40gb; CLASS is a "
+                             "DeviceClass or the part of its name before the first dot (repeatable: the "
+                             "requests of one claim)")
+    parser.add_argument("--blocking", action="store_true",
+                        help="what blocks it: per node, the smallest set of allocated claims (and the pods "
+                             "that use them) whose removal lets it fit, found by the same model; nodes by "
+                             "the size of their set")
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table",
+                        help="table: per node, the verdict and why, for people; json, yaml: the same "
                              "for tools (the fields are in docs/explain.md)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="colour the table (auto: on a terminal, unless NO_COLOR is set)")
@@ -76,6 +85,8 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
         print(needs_demo_extra("explain", error.name), file=err)
         return EXIT_USAGE
 
+    if args.blocking:
+        return _run_blocking(args, out, err)
     try:
         explanations = _explanations(args)
     except (sources.SourceError, engine.ClaimError, w.WorldError) as error:
@@ -86,6 +97,11 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
         return EXIT_USAGE
     if args.output == "json":
         out.write(render.as_json(explanations))
+    elif args.output == "yaml":
+        import json
+
+        import yaml
+        out.write(yaml.safe_dump(json.loads(render.as_json(explanations)), sort_keys=False, width=1000))
     else:
         colour = args.color == "always" or (args.color == "auto" and out.isatty()
                                             and not os.environ.get("NO_COLOR"))
@@ -94,12 +110,65 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
 
 
 def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
-    from driver.explain import extended, sources
+    from driver.explain import extended
+
+    claims, together, pods, world, nodes = _inputs(args)
+    return ([_one(claim, world, nodes, args.driver_name) for claim in claims]
+            + [e for pod in together for e in _pod(pod, world, nodes, args.driver_name)]
+            + [extended.explain_pod(pod, world, nodes) for pod in pods])
+
+
+def _run_blocking(args: argparse.Namespace, out, err) -> int:
+    """`--blocking`: per node, what to remove for the claim (or each pod's claims together)."""
+    from driver.explain import blocking, blocking_render, engine, render, sources
+    from driver.explain import pods as pod_claims
+    from driver.explain import world as w
+    from driver.kube.client import ApiError
+
+    try:
+        claims, together, pods, world, nodes = _inputs(args)
+        if pods and not claims and not together:
+            raise sources.SourceError(f"-f {args.filename}: --blocking takes ResourceClaims, templates and pods "
+                                      "that name them, not pods asking for extended resources (give the claim)")
+        answers = [blocking.blocking([engine.PodClaim(c.ref, c.spec, c.namespace, c.uid)], world, nodes,
+                                     "" if c.origin != "--request" else " ".join(f"--request {r}" for r in args.request),
+                                     f"{c.kind} from {c.origin}" if c.origin != "--request" else "")
+                   for c in claims]
+        for pod in together:
+            considered = nodes if nodes is not None else world.nodes()
+            filtered = {n: why for n in considered if (why := pod_claims.node_filter(pod, n, world))}
+            answers.append(blocking.blocking([engine.PodClaim(c.ref, c.spec, c.namespace, c.uid) for c in pod.claims],
+                                             world, nodes, f"{pod.kind} {pod.ref}",
+                                             f"its {len(pod.claims)} claims together, from {pod.claims[0].origin}",
+                                             filtered))
+    except (sources.SourceError, engine.ClaimError, w.WorldError) as error:
+        print(f"dra-driver explain: {error}", file=err)
+        return EXIT_USAGE
+    except ApiError as error:
+        print(f"dra-driver explain: the API server: {error}", file=err)
+        return EXIT_USAGE
+    if args.output == "json":
+        out.write(blocking_render.as_json(answers))
+    elif args.output == "yaml":
+        out.write(blocking_render.as_yaml(answers))
+    else:
+        colour = args.color == "always" or (args.color == "auto" and out.isatty()
+                                            and not os.environ.get("NO_COLOR"))
+        out.write(blocking_render.table(answers, render.Style(colour)))
+    return EXIT_FITS if any(a.fits for a in answers) else EXIT_NOWHERE
+
+
+def _inputs(args: argparse.Namespace):
+    """(claims judged alone, pods whose claims go together, pods asking for extended
+    resources, the world, the nodes to consider or None for all)."""
+    from driver.explain import blocking_request, extended, sources
     from driver.explain import pods as pod_claims
     from driver.explain import world as w
 
-    if args.claim is None and args.filename is None:
-        raise sources.SourceError("name a claim (CLAIM) or give -f FILE")
+    if args.request and (args.claim is not None or args.filename is not None):
+        raise sources.SourceError("--request gives the request: name no claim (CLAIM) and no -f FILE with it")
+    if args.claim is None and args.filename is None and not args.request:
+        raise sources.SourceError("name a claim (CLAIM) or give -f FILE (or the request's size: --request SPEC)")
     offline = bool(args.slices or args.mock)
     objects: list[dict] = []
     notes: list[str] = []
@@ -131,6 +200,8 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
             claims = [c for c in claims if c not in named]
         # DeviceClasses and Nodes of the file take part; its claims are not allocations.
         objects += [o for o in claim_objects if o.get("kind") in ("DeviceClass", "Node")]
+    elif args.request:
+        claims = []
     elif offline:
         # Name what was searched: a mock node holds devices, never claims, and a user who
         # gave only --mock needs to hear that the claim comes with -f.
@@ -146,7 +217,8 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
         claims = [sources.cluster_claim(kube, args.claim, namespace)]
     if not offline:
         kube = kube or _kube(args.kubeconfig)
-        listed, notes = sources.cluster_objects(kube, (claims or pods)[0].namespace, nodes=bool(pods))
+        listed, notes = sources.cluster_objects(kube, (claims or pods)[0].namespace if claims or pods else namespace,
+                                                nodes=bool(pods))
         objects += listed
     world = w.build(objects)
     world.notes += notes
@@ -155,9 +227,13 @@ def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
             raise sources.SourceError(f"--node {node}: no ResourceSlice names this node "
                                       f"(nodes: {', '.join(world.nodes()) or 'none'})")
     nodes = args.node or None
-    return ([_one(claim, world, nodes, args.driver_name) for claim in claims]
-            + [e for pod in together for e in _pod(pod, world, nodes, args.driver_name)]
-            + [extended.explain_pod(pod, world, nodes) for pod in pods])
+    if args.request:
+        try:
+            spec = blocking_request.claim_spec(args.request, world)
+        except blocking_request.RequestError as error:
+            raise sources.SourceError(str(error)) from None
+        claims = [sources.Claim("ResourceClaim", namespace, "request", spec, origin="--request")]
+    return claims, together, pods, world, nodes
 
 
 def _pod(pod: pod_claims.PodClaims, world: w.World, nodes: list[str] | None,
