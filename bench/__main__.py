@@ -4,6 +4,7 @@ driver cannot avoid, measured in the same run on the same machine.
 
     python -m bench [--runs 200] [--idle-seconds 30] [--quick] [--startup-only] [--idle-large 600]
     python -m bench --against OTHER_CHECKOUT [--runs 200]
+    python -m bench fleet [--nodes 100,500] [--pods 200]   (bench/fleet.py: fake nodes, the real scheduler)
 
 One module per measured concern: `startup`, `prepare` (latency, throughput, scaling and
 its A/Bs), `sharing` (MPS shares, dynamic MIG), `fpga` (programming at prepare), `idle` (idle CPU, utilization sampling),
@@ -53,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
+    import sys
+
+    if sys.argv[1:2] == ["fleet"]:  # its own command line: bench/fleet.py
+        from bench.fleet import main as fleet_main
+        return fleet_main(sys.argv[2:])
+    if sys.argv[1:2] == ["capacity"]:  # its own command line: bench/capacity.py
+        from bench.capacity import main as capacity_main
+        return capacity_main(sys.argv[2:])
     parser = build_parser()
     args = parser.parse_args()
     logs.configure("console", "warning")

@@ -103,6 +103,18 @@ def parser() -> argparse.ArgumentParser:
     from driver.explain import command as explain_command
 
     explain_command.add_arguments(explain)
+    capacity = commands.add_parser("capacity", help="the largest request of each kind that still fits, per "
+                                                    "node and for the cluster (fragmentation)",
+                                   description="Per node, the largest request that still fits for each kind: "
+                                               "whole GPUs (with and without PCIe-root alignment), MIG "
+                                               "profiles, shares of a GPU, GPU+NIC pairs, FPGAs by shell; "
+                                               "and for the cluster, the largest anywhere and the free "
+                                               "capacity it cannot use. Each answer is explain's allocation "
+                                               "model run on a claim of that size. Reads a cluster "
+                                               "(kubeconfig) or, offline, -f FILE / --mock PROFILE[xN].")
+    from driver.explain import capacity_command
+
+    capacity_command.add_arguments(capacity)
     daemon = commands.add_parser("mps-control-daemon",
                                  help="run a GPU's MPS control daemon (the driver's MPS pods run this)",
                                  description="Start the node's nvidia-cuda-mps-control for one GPU, "
@@ -139,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from driver.explain import command as explain_command
 
         return explain_command.run(args)
+    if args.command == "capacity":
+        from driver.explain import capacity_command
+
+        return capacity_command.run(args)
     if args.command == "mps-control-daemon":
         from driver.prepare import mps_daemon
         try:
@@ -173,6 +189,7 @@ def run_plugin(config: Config) -> int:
     import structlog
 
     from driver.devices import sysread
+    from driver.explain.capacitymetrics import CapacityCollector
     from driver.kube.client import Kube
     from driver.service.plugin import StartupError, serve
 
@@ -186,7 +203,9 @@ def run_plugin(config: Config) -> int:
         structlog.get_logger(component="plugin").debug("descriptor_limit_raised", before=before,
                                                        after=after)
     try:
-        return asyncio.run(serve(config, kube))
+        # The fragmentation gauges run explain's model, which the service may not import:
+        # it gets their collector's class from here (tests/test_layers.py).
+        return asyncio.run(serve(config, kube, capacity_gauges=CapacityCollector))
     except StartupError as err:
         return usage_error(str(err))
 

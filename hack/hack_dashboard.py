@@ -208,6 +208,30 @@ def draw(history: list[tuple[int, dict]], target: Path) -> None:
     ax = axes(9)
     ax.text(0.5, 0.5, "no data: needs dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE (joined on UUID, GPU_I_ID)",
             color=DIM, fontsize=11, ha="center", va="center", transform=ax.transAxes)
+    # Fragmentation (dra_driver_capacity_*, docs/capacity.md): the mock node's own series;
+    # a kind the node does not publish (no MIG, no shareable GPU) has none, as in Grafana.
+    for panel_id, metric, kinds, unit, scale in (
+            (10, "dra_driver_capacity_free_devices", ("gpu", "gpu-aligned"), "GPUs", 1),
+            (11, "dra_driver_capacity_largest_mig_slices", None, "compute slices", 1),
+            (12, "dra_driver_capacity_largest_share", None, "GiB", 1 / (1 << 30))):
+        def series(scrape: dict, kind) -> float:
+            values = [v for labels, v in scrape.get(metric, [])
+                      if kind is None or labels.get("kind") == kind
+                      if metric != "dra_driver_capacity_largest_share" or labels.get("capacity") == "memory"]
+            return max(values, default=float("nan")) * scale
+
+        if not any(metric in h for _, h in history):
+            ax = axes(panel_id)
+            ax.text(0.5, 0.5, "no data: no " + ("MIG device" if panel_id == 11 else "shareable GPU")
+                    + " on this node", color=DIM, fontsize=10, ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax = axes(panel_id, axis=True, legend=True)
+        for kind in kinds or (None,):
+            label = {"gpu": "whole GPUs", "gpu-aligned": "on one PCIe root"}.get(kind, unit)
+            ax.plot(seconds, [series(h, kind) for _, h in history], label=label)
+        ax.set_ylim(bottom=0, top=max([series(h, k) for _, h in history for k in (kinds or (None,))] + [1]) + 1)
+        ax.set_ylabel(unit, color=DIM, fontsize=9)
+        legend_below(ax)
     undrawn = sorted(set(panels) - set(drawn))
     if undrawn:
         # A panel added to the dashboard needs its series computed here; drawing the others

@@ -9,6 +9,7 @@ import socket
 import threading
 from concurrent.futures import Future
 
+from driver.explain.capacitymetrics import CapacityCollector
 from driver.service.config import add_arguments, build
 from driver.kube.client import Kube
 from driver.service.plugin import Plugin
@@ -47,7 +48,7 @@ class InProcessPlugin:
 
     def __enter__(self) -> "InProcessPlugin":
         self.thread.start()
-        self.plugin = Plugin.create(self.config, self.kube)
+        self.plugin = Plugin.create(self.config, self.kube, capacity_gauges=CapacityCollector)  # as `run` does
         self.call(self.plugin.start())
         return self
 

@@ -191,16 +191,18 @@ def test_the_emulated_kubelet_refuses_a_mountpoint_it_cannot_make_in_a_read_only
             time.sleep(0.05)
 
 
-def test_a_container_of_the_emulated_kubelet_has_what_the_image_has_not_the_demo_extra(tmp_path):
-    """The image installs requirements.lock; cel-python (the demo extra) is not in it, and
-    the emulated container must not find it either (tests/test_cli_without_extras.py)."""
+def test_a_container_of_the_emulated_kubelet_has_what_the_image_has_not_the_test_extra(tmp_path):
+    """The image installs requirements.lock: cel-python (a runtime dependency, the gauges
+    of `run` need it) is in it, the `test` extra (jsonschema, ...) is not, and the
+    emulated container finds the same (tests/test_cli_without_extras.py)."""
     out = tmp_path / "out"
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "p"},
            "spec": {"nodeName": "node-a", "restartPolicy": "Never", "containers": [{
                "name": "c", "securityContext": {"runAsUser": 0},
                "command": [sys.executable, "-c",
-                           "import importlib.util, sys; import yaml\n"
-                           "try:\n import celpy\nexcept ImportError:\n open(sys.argv[1], 'w').write('no celpy')\n",
+                           "import importlib.util, sys; import yaml, celpy\n"
+                           "try:\n import jsonschema\nexcept ImportError:\n"
+                           " open(sys.argv[1], 'w').write('celpy, no jsonschema')\n",
                            str(out)]}]}}
     with ApiServer() as api, PodRunner(api, "node-a", tmp_path / "logs"):
         with api.state.lock:
@@ -209,7 +211,7 @@ def test_a_container_of_the_emulated_kubelet_has_what_the_image_has_not_the_demo
         while not out.exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-    assert out.read_text() == "no celpy"
+    assert out.read_text() == "celpy, no jsonschema"
 
 
 def test_the_mock_tools_run_under_the_callers_python_never_a_path_of_the_hosts(tmp_path):

@@ -495,6 +495,12 @@ def series_names() -> set[str]:
         for s in family.samples:
             names.add(s.name)
             assert set(s.labels) == set(devicemetrics.LABELS)
+    # and the fragmentation gauges (driver/explain/capacitymetrics.py), on a node that has all their kinds
+    from driver.explain.capacitymetrics import CapacityCollector
+    from driver.publish import mocknode
+
+    objects = mocknode.mock_objects("mixed", "accel.dra.io", "consumable", "dynamic")
+    names |= {s.name for f in CapacityCollector("accel.dra.io", lambda taints: objects, list).collect() for s in f.samples}
     return names
 
 

@@ -10,6 +10,12 @@
 - `suggest`: the obvious fixes (units, typos in attribute names, non-semver versions).
 - `render`: a table for people, JSON for tools.
 - `configs`: opaque configs checked with the driver's own decoder; `command`: the CLI.
+- `blocking` (`--blocking`): per node, the smallest set of allocated claims whose removal
+  lets the request fit, found by running the engine; `blocking_request`: `--request SPEC`;
+  `blocking_render`: its table, JSON and YAML.
+- `capacity` (`dra-driver capacity`): per node, the largest request of each kind that the
+  engine still allocates, and the cluster's fragmentation; `capacity_inputs`: mock nodes
+  and one world per node; `capacity_render`, `capacity_command`.
 
 Imports run command → configs/render → engine → suggest → verdicts/world; the scheduler's
 model comes from `driver.scheduling`, the claims of the demo from `driver.demo`.

@@ -9,6 +9,9 @@ until the plugin (driver/service/plugin.py) starts them in the order the kubelet
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
+
+from prometheus_client.registry import Collector
 
 from driver import logs
 from driver.service import nodeview
@@ -97,7 +100,17 @@ class Parts:
     nri: NriPlugin | None = None  # --nri-socket: moves claimed NICs into pods
 
 
-def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
+class CapacityGauges(Protocol):
+    """Makes the fragmentation gauges' collector (driver/explain/capacitymetrics.py). The CLI
+    hands it in: it runs explain's allocation model, which this layer may not import."""
+
+    def __call__(self, driver: str, objects: Callable[[Mapping[str, Sequence[dict]]], list[dict]],
+                 records: Callable[[], Iterable], published: Callable[[], object],
+                 taints: Callable[[], Mapping[str, Sequence[dict]]]) -> Collector: ...
+
+
+def assemble(config: Config, kube: Kube | None, instance: Instance,
+             capacity_gauges: CapacityGauges | None = None) -> Parts:
     node = open_node(config, instance=instance)
     mig_records = MigRecords(config.state_dir, instance)
     settings = DiscoverySettings(config.mig_mode)
@@ -212,6 +225,10 @@ def assemble(config: Config, kube: Kube | None, instance: Instance) -> Parts:
         health=health.summary,
         nics_withheld=lambda: holder.result.nics_withheld_routing_unknown,
     )
+    if capacity_gauges is not None:
+        metrics.registry.register(capacity_gauges(
+            config.driver_name, lambda taints: published_objects(config, holder.inventory, taints),
+            checkpoint.records, lambda: holder.inventory, lambda: published_taints(publisher, health)))
 
     def ready() -> tuple[bool, str]:
         registered = registration.registered.is_set()
@@ -258,3 +275,23 @@ def _count_kinds(inventory: Inventory) -> dict[str, int]:
     for device in inventory.devices:
         counts[device.kind.value] = counts.get(device.kind.value, 0) + 1
     return counts
+
+
+def published_objects(config: Config, inventory: Inventory, taints: Mapping[str, Sequence[dict]]) -> list[dict]:
+    """The node's devices as it publishes them, with these taints, and the chart's
+    DeviceClasses: what the fragmentation gauges' model reads."""
+    from driver.publish import mocknode, slices
+
+    pool = slices.PoolIdentity(config.driver_name, config.node_name)
+    return (slices.build(inventory, pool, 1, taints=taints, sharing=config.gpu_sharing)
+            + mocknode.class_objects(config.driver_name))
+
+
+def published_taints(publisher: Publisher, health: HealthState) -> dict[str, list[dict]]:
+    """The device taints the node's slices carry: none where the API has no device taints
+    (v1beta1) or the server drops them (the publisher found the feature gate off), as the
+    publisher decides (driver/publish/publisher.py); there the scheduler still allocates
+    the unhealthy device, and the gauges count it as free as the scheduler does."""
+    if not publisher.taints_supported or publisher.api_version == "v1beta1":
+        return {}
+    return health.taints()

@@ -25,7 +25,7 @@ import structlog
 from driver.service import loops, preflight
 from driver.aio import wait_event
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.service.assembly import Parts, assemble
+from driver.service.assembly import CapacityGauges, Parts, assemble
 from driver.service.config import Config
 from driver.devices.driverwait import LIBRARY, DriverWait
 from driver.kube.client import ClientConfigError, Kube
@@ -56,10 +56,11 @@ class Plugin(Parts):
     _registrar: tuple[grpc.aio.Server, OwnedSocket] | None = None
 
     @classmethod
-    def create(cls, config: Config, kube: Kube | None = None) -> "Plugin":
+    def create(cls, config: Config, kube: Kube | None = None,
+               capacity_gauges: CapacityGauges | None = None) -> "Plugin":
         instance = Instance.register(config.state_dir, config.pod_uid)
         try:
-            parts = assemble(config, kube, instance)
+            parts = assemble(config, kube, instance, capacity_gauges)
         except BaseException:
             instance.release()
             raise
@@ -213,7 +214,7 @@ class Plugin(Parts):
         structlog.get_logger(component="plugin").info("plugin_stopped")
 
 
-async def serve(config: Config, kube: Kube | None = None) -> int:
+async def serve(config: Config, kube: Kube | None = None, capacity_gauges: CapacityGauges | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -221,7 +222,7 @@ async def serve(config: Config, kube: Kube | None = None) -> int:
     # Before the plugin is made: its first discovery loads NVML from the installation.
     if not await wait_for_nvidia_driver(config, stop):
         return 0  # stopped while waiting; nothing was started
-    plugin = Plugin.create(config, kube)
+    plugin = Plugin.create(config, kube, capacity_gauges)
     # Every claim's file writes run in the default executor (asyncio.to_thread; its GET
     # runs on the loop). Python sizes it from the host's CPU count (6 threads on 2 CPUs,
     # 32 on big hosts), whatever the pod's CPU limit; the work is mostly waiting on the

@@ -35,11 +35,11 @@ from driver.sim.apiserver import ApiServer
 TICK = 0.05
 MAX_GRACE = 10.0
 IMAGE_USER = 65532  # the driver image's USER (Dockerfile); tests/test_dockerfile.py checks it
-# What the image does not install: it has requirements.lock, not the `demo` extra
-# (cel-python and its parser). A container here runs with this process's packages, so
-# they are made unimportable in it, as they are in the image (found on the real cluster:
-# the daemon pod crashed at "No module named 'celpy'" while the emulated one ran).
-NOT_IN_IMAGE = ("celpy", "lark")
+# What the image does not install: it has requirements.lock, not the `test` extra. A
+# container here runs with this process's packages, so these are made unimportable in it,
+# as they are in the image (found on the real cluster: the daemon pod crashed at "No module
+# named 'celpy'" while the emulated one ran, before cel-python became a runtime dependency).
+NOT_IN_IMAGE = ("pytest", "jsonschema", "kubernetes_validate", "grpc_tools", "trustme")
 
 
 @dataclass
