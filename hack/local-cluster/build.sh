@@ -2,14 +2,17 @@
 # Builds the upstream components of the local cluster from the Go module proxy, at the
 # versions in versions.env:
 #   bin/<KUBERNETES_VERSION>/k8s   one multi-call binary (k8s/main.go): kube-apiserver,
-#                                  kube-controller-manager, kube-scheduler, kubelet, kubectl,
-#                                  etcd (embedded), plus a symlink per name
+#                                  kube-controller-manager, kube-scheduler, kubelet,
+#                                  kube-proxy, kubectl, etcd (embedded), plus a symlink per name
 #   bin/containerd-<CONTAINERD_VERSION>/{containerd,containerd-shim-runc-v2,ctr}
 #   bin/runc-<RUNC_VERSION>/runc
 #   bin/cni-<CNI_PLUGINS_VERSION>/{bridge,host-local,loopback}
 #   bin/nvidia-container-toolkit-<NVIDIA_CONTAINER_TOOLKIT_VERSION>/{nvidia-ctk,
 #       nvidia-container-runtime,nvidia-cdi-hook,libnvidia-ml.so.1 (a mock node's NVML)}
 #   bin/helm-<HELM_VERSION>/helm   the Helm CLI (helm lint/template/install; tests/helm_cli.py)
+#   bin/coredns-<COREDNS_VERSION>/coredns   the cluster's DNS (coredns/main.go: CoreDNS with
+#                                  the few plugins cluster.py's Corefile uses)
+#   bin/kwok-<KWOK_VERSION>/{kwok,stages.yaml}  fake nodes (`build.sh kwok` only, not in all)
 #   the driver's image, as two layer tars in ~/.cache/dra-local-cluster/driver-image
 #   (image.sh: debootstrap + requirements.lock + this checkout's package; needs debootstrap)
 # The Go module and build caches stay where `go env GOMODCACHE GOCACHE` says (outside the
@@ -88,7 +91,7 @@ build_k8s() {
   log "building k8s $KUBERNETES_VERSION in $mod"
   (cd "$mod" && CGO_ENABLED=0 timed "k8s $KUBERNETES_VERSION" go build -tags providerless -ldflags "$ldflags" -o "$out/k8s.new" .)
   mv "$out/k8s.new" "$out/k8s"
-  for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
     ln -sfn k8s "$out/$name"
   done
   echo "$stamp" > "$out/.stamp"
@@ -180,6 +183,74 @@ build_helm() {
   echo "$stamp" > "$out/.stamp"
 }
 
+# --- KWOK: fake nodes for the fleet benchmark and tier case ----------------------------------
+# kwok keeps Node objects Ready (a Lease per node, as a kubelet renews it) and marks their pods
+# Running, with no kubelet or containers behind them (bench/fleet.py, tests/cluster/test_fleet.py).
+# Its stages (what it does to a node or pod, and when) are the ones upstream's kwokctl uses by
+# default, copied from the module at the same tag: node-initialize, node-heartbeat-with-lease
+# and pod fast (ready, complete, delete). Not in `all`: a cold build compiles another
+# client-go (kwok's own go.mod) for minutes; the fleet case builds it when it runs.
+build_kwok() {
+  local v=$KWOK_VERSION out="$here/bin/kwok-$KWOK_VERSION" stamp dir
+  stamp="$v-$(go env GOVERSION)"
+  if [ -x "$out/kwok" ] && [ -f "$out/stages.yaml" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "kwok $v is up to date ($out)"; return
+  fi
+  mkdir -p "$out"
+  GOBIN="$out" CGO_ENABLED=0 timed "kwok $v" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}" \
+    "sigs.k8s.io/kwok/cmd/kwok@$v"
+  dir=$(cd "$out" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  local first=1 f
+  for f in "$dir"/kustomize/stage/node/fast/node-initialize.yaml \
+           "$dir"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           "$dir"/kustomize/stage/pod/fast/pod-*.yaml; do
+    [ -f "$f" ] || { echo "build.sh: kwok $v has no stage $f" >&2; exit 3; }
+    [ $first = 1 ] || echo "---"
+    first=0
+    cat "$f"
+  done > "$out/stages.yaml"
+  echo "$stamp" > "$out/.stamp"
+}
+
+# --- CoreDNS -------------------------------------------------------------------------------
+# The cluster DNS (kube-dns Service, 10.96.0.10). coredns/ is a module of our own that links
+# only the plugins the Corefile uses: CoreDNS's own main links all ~60 plugins and with them
+# the AWS, Azure, GCP, DataDog and etcd SDKs, minutes of compiling on a 2-core machine for
+# nothing the cluster runs. Its go.mod pins github.com/coredns/coredns at COREDNS_VERSION;
+# another version (COREDNS_VERSION=... build.sh coredns) gets a generated module under
+# _build/, as another Kubernetes release does.
+coredns_module_dir() {
+  local committed dir
+  committed=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" {print $3; exit}
+                   $1 == "github.com/coredns/coredns" {print $2; exit}' "$here/coredns/go.mod")
+  if [ "$committed" = "$COREDNS_VERSION" ]; then
+    echo "$here/coredns"; return
+  fi
+  dir="$here/_build/coredns-$COREDNS_VERSION"
+  mkdir -p "$dir"
+  cp "$here"/coredns/*.go "$dir/"
+  if [ ! -f "$dir/go.sum" ]; then
+    log "generating $dir/go.mod for github.com/coredns/coredns $COREDNS_VERSION"
+    printf 'module local-cluster/coredns\n\ngo %s\n' "$(go env GOVERSION | sed 's/^go//')" > "$dir/go.mod"
+    (cd "$dir" && GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2 && go mod tidy >&2)
+  fi
+  echo "$dir"
+}
+
+build_coredns() {
+  local mod out="$here/bin/coredns-$COREDNS_VERSION" stamp
+  mod=$(coredns_module_dir)
+  stamp=$(cat "$mod/go.mod" "$mod/go.sum" "$mod"/*.go | sha256sum | cut -c1-16)-$(go env GOVERSION)
+  if [ -x "$out/coredns" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "coredns $COREDNS_VERSION is up to date ($out/coredns)"; return
+  fi
+  mkdir -p "$out"
+  # Static, no cgo, the flags of the k8s build (packages both use come from the same cache).
+  (cd "$mod" && CGO_ENABLED=0 timed "coredns $COREDNS_VERSION" go build -ldflags "-s -w" -o "$out/coredns.new" .)
+  mv "$out/coredns.new" "$out/coredns"
+  echo "$stamp" > "$out/.stamp"
+}
+
 # --- the driver's image (pods that run our code: the MPS control daemon) -------------------
 build_image() {
   timed "driver image" "$here/image.sh" >/dev/null
@@ -194,6 +265,8 @@ case "$what" in
   image) build_image ;;
   nvidia-toolkit) build_nvidia_toolkit ;;
   helm) build_helm ;;
-  all) build_containerd; build_runc; build_cni; build_k8s; build_nvidia_toolkit; build_helm; build_image ;;
-  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|nvidia-toolkit|helm|image]" >&2; exit 2 ;;
+  coredns) build_coredns ;;
+  kwok) build_kwok ;;
+  all) build_containerd; build_runc; build_cni; build_k8s; build_coredns; build_nvidia_toolkit; build_helm; build_image ;;
+  *) echo "usage: build.sh [all|k8s|containerd|runc|cni|coredns|nvidia-toolkit|helm|kwok|image]" >&2; exit 2 ;;
 esac

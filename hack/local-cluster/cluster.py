@@ -9,7 +9,9 @@ What runs, all built by build.sh at the versions in versions.env, all on 127.0.0
 etcd (embedded in the multi-call binary), kube-apiserver (Node,RBAC authorizers;
 NodeRestriction and the default admission plugins, ValidatingAdmissionPolicy among them),
 kube-controller-manager, kube-scheduler, containerd with runc, CNI bridge/host-local, and
-the kubelet (cgroupfs driver; on a cgroup v1 host with failCgroupV1: false). Certificates
+the kubelet (cgroupfs driver; on a cgroup v1 host with failCgroupV1: false); for pods,
+kube-proxy (iptables mode: Services, the `kubernetes` one to the API server, which listens
+on NODE_IP as well and advertises it) and CoreDNS on NODE_IP:53 behind kube-dns. Certificates
 are made here with `cryptography`. Everything lives in one state folder (default
 /var/lib/dra-local-cluster, env DRA_LOCAL_CLUSTER_DIR), the logs of every component in its
 logs/ folder. One cluster per machine: the kubelet owns host-wide things (its cgroup root,
@@ -57,6 +59,17 @@ POD_CIDR = "10.88.0.0/24"
 # dummy interfaces; the bridge is made by `up` before the CNI plugin would make it.
 NODE_IP = "10.88.0.1"
 SERVICE_CIDR = "10.96.0.0/24"
+# Cluster DNS: CoreDNS (build.sh coredns) on the host at NODE_IP:53, behind the
+# selector-less Service kube-system/kube-dns at this ClusterIP, which the kubelet writes
+# into every pod's resolv.conf (clusterDNS). kube-proxy makes the Service IPs work.
+KUBE_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+# CoreDNS's client certificate's user; a ClusterRole of this name lets it list and watch
+# what its kubernetes plugin serves names from.
+COREDNS_USER = "system:coredns"
+# What kube-proxy (iptables mode) runs; Debian's `iptables` package (.ci/run installs it).
+# It clears stale conntrack entries through netlink, not the conntrack CLI.
+IPTABLES_COMMANDS = ("iptables", "iptables-save", "iptables-restore")
 # Images for the workloads, built here from busybox-static (no registry): the sandbox
 # ("pause") image and the examples' busybox.
 PAUSE_IMAGE = "localhost/dra-local-cluster/pause:busybox"
@@ -111,7 +124,8 @@ def versions() -> dict[str, str]:
         capture_output=True, text=True).stdout
     env = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
     return {k: env[k] for k in ("KUBERNETES_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION",
-                                "CNI_PLUGINS_VERSION", "NVIDIA_CONTAINER_TOOLKIT_VERSION", "HELM_VERSION")}
+                                "CNI_PLUGINS_VERSION", "NVIDIA_CONTAINER_TOOLKIT_VERSION", "HELM_VERSION",
+                                "KWOK_VERSION", "COREDNS_VERSION")}
 
 
 def minor(version: str) -> int:
@@ -186,17 +200,57 @@ def _pki(pki: Path) -> None:
     issue("apiserver", "kube-apiserver", server=True, sans=[
         x509.DNSName("localhost"), x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"), x509.DNSName("kubernetes.default.svc.cluster.local"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(service_ip)])
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(service_ip),
+        # what pods reach it at: the `kubernetes` Service's endpoint (--advertise-address)
+        x509.IPAddress(ipaddress.ip_address(NODE_IP))])
     issue("admin", "kubernetes-admin", ["system:masters"])
     issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"])
     issue("controller-manager", "system:kube-controller-manager")
     issue("scheduler", "system:kube-scheduler")
     issue("kubelet", f"system:node:{NODE}", ["system:nodes"])
+    # the default ClusterRoleBinding system:node-proxier grants this user what kube-proxy needs
+    issue("kube-proxy", "system:kube-proxy")
+    issue("coredns", COREDNS_USER)
     sa = ec.generate_private_key(ec.SECP256R1())
     (pki / "sa.key").write_bytes(key_pem(sa))
     os.chmod(pki / "sa.key", 0o600)
     (pki / "sa.pub").write_bytes(sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def dns_query(server: str, name: str, timeout: float = 2, port: int = 53) -> list[str]:
+    """The IPv4 addresses a DNS server answers for name (one A query over UDP, no retries);
+    raises OSError or ValueError when there is no usable answer."""
+    query_id = int.from_bytes(os.urandom(2), "big")
+    question = b"".join(bytes([len(label)]) + label.encode() for label in name.rstrip(".").split(".")) + b"\0"
+    packet = query_id.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + question + b"\x00\x01\x00\x01"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.sendto(packet, (server, port))
+        reply = s.recv(4096)
+    if int.from_bytes(reply[:2], "big") != query_id:
+        raise ValueError("reply to another query")
+    rcode, answers = reply[3] & 0x0F, int.from_bytes(reply[6:8], "big")
+    if rcode:
+        raise ValueError(f"rcode {rcode} for {name}")
+
+    def skip_name(i: int) -> int:
+        while reply[i]:
+            if reply[i] & 0xC0 == 0xC0:  # a pointer ends the name
+                return i + 2
+            i += reply[i] + 1
+        return i + 1
+
+    i = skip_name(12) + 4
+    out = []
+    for _ in range(answers):
+        i = skip_name(i)
+        rtype, length = int.from_bytes(reply[i:i + 2], "big"), int.from_bytes(reply[i + 8:i + 10], "big")
+        i += 10
+        if rtype == 1 and length == 4:
+            out.append(str(ipaddress.IPv4Address(reply[i:i + 4])))
+        i += length
+    return out
 
 
 def kubeconfig(path: Path, server: str, ca: Path, user: dict) -> Path:
@@ -283,9 +337,16 @@ def oci_archive(path: Path, names: list[str], entrypoint: list[str] | None, cmd:
 
 
 # The driver's own image (hack/local-cluster/image.sh: debootstrap + /opt/dra + this
-# checkout's package), for pods that run our code: the MPS control daemon. Not latest, so
-# that the kubelet never tries to pull it (IfNotPresent).
-DRIVER_IMAGE = "localhost/dra-local-cluster/dra-accel-driver:local"
+# checkout's package), for pods that run our code: the chart's DaemonSet and the MPS
+# control daemon. Tagged with the checkout's version, as a user tags a build (never latest,
+# so that the kubelet never tries to pull it: IfNotPresent).
+def _checkout_version() -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+DRIVER_IMAGE = f"localhost/dra-local-cluster/dra-accel-driver:{_checkout_version()}"
 IMAGE_CACHE = Path(os.environ.get("DRA_LOCAL_CLUSTER_CACHE", str(Path.home() / ".cache" / "dra-local-cluster"))) / "driver-image"
 
 
@@ -372,6 +433,14 @@ rules:
 """
 
 
+# Fake nodes (Cluster.add_fake_nodes): kwok manages the nodes with this annotation; the
+# label finds them, the taint of the same key keeps pods that do not tolerate it off them.
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+FAKE_NODE_LABEL = "type"
+FAKE_NODE_VALUE = "kwok"
+FAKE_NODE_TOLERATION = {"key": FAKE_NODE_ANNOTATION, "operator": "Exists", "effect": "NoSchedule"}
+
+
 # --- the cluster ------------------------------------------------------------------------
 
 @dataclass
@@ -408,6 +477,10 @@ class Cluster:
         return HERE / "bin" / f"helm-{self.vers['HELM_VERSION']}" / "helm"
 
     @property
+    def coredns(self) -> Path:
+        return HERE / "bin" / f"coredns-{self.vers['COREDNS_VERSION']}" / "coredns"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 
@@ -422,6 +495,12 @@ class Cluster:
     @property
     def cdi_dir(self) -> Path:
         return self.root / "cdi"
+
+    @property
+    def netns_dir(self) -> Path:
+        """Where containerd mounts pods' network namespaces (netns_mounts_under_state_dir:
+        its CRI plugin's state dir), which NRI hands to the driver."""
+        return self.root / "containerd" / "state" / "io.containerd.grpc.v1.cri" / "netns"
 
     @property
     def containerd_sock(self) -> Path:
@@ -558,7 +637,8 @@ class Cluster:
     def check_built(self) -> None:
         need = [self.k8s_bin / "k8s", self.containerd_bin / "containerd",
                 self.containerd_bin / "containerd-shim-runc-v2", self.containerd_bin / "ctr",
-                self.runc, self.cni_bin / "bridge", self.cni_bin / "host-local", self.cni_bin / "loopback"]
+                self.runc, self.cni_bin / "bridge", self.cni_bin / "host-local", self.cni_bin / "loopback",
+                self.k8s_bin / "kube-proxy", self.coredns]
         missing = [str(p) for p in need if not p.exists()]
         if missing:
             raise ClusterError("not built (run hack/local-cluster/build.sh): " + ", ".join(missing))
@@ -575,15 +655,18 @@ class Cluster:
             self.logs.rename(self.root / "logs-previous")
         for d in ("logs", "pids", "etcd", "cdi", "kubelet", "containerd", "cni/net.d", "manifests"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        self._shared_root()
         _pki(self.pki)
-        self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kubelet")}
+        self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kubelet",
+                                                "kube-proxy-healthz", "kube-proxy-metrics",
+                                                "coredns-health", "coredns-ready")}
         (self.root / "cluster.json").write_text(json.dumps({"ports": self.ports, "versions": self.vers,
                                                             "node": NODE}, indent=1))
         ca = self.pki / "ca.crt"
         kc = lambda n: kubeconfig(self.root / f"{n}.kubeconfig", self.server, ca,  # noqa: E731
                                   {"client-certificate": str(self.pki / f"{n}.crt"),
                                    "client-key": str(self.pki / f"{n}.key")})
-        for n in ("admin", "controller-manager", "scheduler", "kubelet"):
+        for n in ("admin", "controller-manager", "scheduler", "kubelet", "kube-proxy", "coredns"):
             kc(n)
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
         k8s = str(self.k8s_bin / "k8s")
@@ -604,32 +687,7 @@ class Cluster:
         if minor(self.vers["KUBERNETES_VERSION"]) < 36:
             # 1.34/1.35: DeviceTaintRule is served in resource.k8s.io/v1alpha3 only.
             runtime_config = ["--runtime-config=resource.k8s.io/v1alpha3=true,resource.k8s.io/v1beta2=true"]
-        self._start("kube-apiserver", [
-            k8s, "kube-apiserver",
-            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.ports['apiserver']}",
-            f"--tls-cert-file={self.pki / 'apiserver.crt'}", f"--tls-private-key-file={self.pki / 'apiserver.key'}",
-            f"--client-ca-file={ca}",
-            f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
-            f"--service-account-key-file={self.pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={self.pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC",
-            # the node's name resolves nowhere; its InternalIP is NODE_IP
-            "--kubelet-preferred-address-types=InternalIP",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            # 127.0.0.1 is not a valid Endpoints address; nothing here needs the
-            # `kubernetes` Service's endpoints (the driver runs on the host).
-            "--endpoint-reconciler-type=none",
-            f"--feature-gates={gates}",
-            f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.logs / 'audit.log'}",
-            "--audit-log-mode=blocking", "--audit-log-maxsize=0",
-            *runtime_config,
-        ])
+        self._start("kube-apiserver", self.apiserver_argv(gates, audit_policy, runtime_config))
         self.note("started kube-apiserver")
         self._wait("kube-apiserver /readyz", lambda: self.api("GET", "/readyz", timeout=3)[0] == 200,
                    120, "kube-apiserver")
@@ -679,11 +737,211 @@ class Cluster:
         self._wait("ServiceAccount default/default", lambda: self.api(
             "GET", "/api/v1/namespaces/default/serviceaccounts/default", timeout=5)[0] == 200,
             60, "kube-controller-manager")
-        for name in ("kube-controller-manager", "kube-scheduler"):
+        # Services for pods: kube-proxy, then cluster DNS behind a Service of its own
+        self._start_kube_proxy(timeout)
+        self._start_coredns(timeout)
+        for name in ("kube-controller-manager", "kube-scheduler", "kube-proxy", "coredns"):
             if not self._alive(name):
                 raise ClusterError(f"{name} exited:\n{self.tail(name)}")
         (self.root / "up-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
         return self
+
+    def apiserver_argv(self, gates: str, audit_policy: Path, runtime_config: list[str]) -> list[str]:
+        ca = self.pki / "ca.crt"
+        k8s = str(self.k8s_bin / "k8s")
+        return [
+            k8s, "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+            # Every address: the tools' kubeconfigs say 127.0.0.1, pods reach it at NODE_IP
+            # (the bridge), through the `kubernetes` Service (kube-proxy). One bind address
+            # only, so not both.
+            "--bind-address=0.0.0.0", f"--advertise-address={NODE_IP}",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--tls-cert-file={self.pki / 'apiserver.crt'}", f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+            f"--client-ca-file={ca}",
+            f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
+            f"--service-account-key-file={self.pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            # the node's name resolves nowhere; its InternalIP is NODE_IP
+            "--kubelet-preferred-address-types=InternalIP",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            # The `kubernetes` Service's endpoints are NODE_IP:<secure port>, kept by the API
+            # server (a lease per API server): pods (the driver's DaemonSet) reach it there.
+            "--endpoint-reconciler-type=lease",
+            f"--feature-gates={gates}",
+            f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.logs / 'audit.log'}",
+            "--audit-log-mode=blocking", "--audit-log-maxsize=0",
+            *runtime_config,
+        ]
+
+    # -- Services and DNS for pods -----------------------------------------------------------
+    def kube_proxy_config(self) -> str:
+        """kube-proxy's KubeProxyConfiguration (iptables mode), written by `up`."""
+        gates = "\n".join(f"  {k}: {str(v).lower()}" for k, v in FEATURE_GATES.items())
+        return f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection:
+  kubeconfig: {self.root / 'kube-proxy.kubeconfig'}
+hostnameOverride: {NODE}
+# Traffic from this range is the pods' own (detectLocalMode ClusterCIDR); the rest that
+# goes to a Service is masqueraded.
+clusterCIDR: {POD_CIDR}
+# Health and metrics on loopback, on ports of this run: the defaults (0.0.0.0:10256,
+# 127.0.0.1:10249) are fixed ports that something else on a test machine may hold.
+healthzBindAddress: 127.0.0.1:{self.ports['kube-proxy-healthz']}
+metricsBindAddress: 127.0.0.1:{self.ports['kube-proxy-metrics']}
+# NodePorts on the node's address only. With the default (every address, 127.0.0.1
+# included) kube-proxy sets net.ipv4.conf.all.route_localnet=1 for the whole host.
+nodePortAddresses: [{NODE_IP}/32]
+iptables:
+  localhostNodePorts: false
+  masqueradeAll: false
+# Host-wide kernel settings stay as the host has them (0 = leave alone). By default
+# kube-proxy raises nf_conntrack_max (32768 per CPU) and the conntrack hash size and sets
+# the TCP established/close-wait timeouts: sysctls of the whole machine, every connection
+# of every process on it, not only the cluster's, and they outlive `down`. A one-node
+# cluster with a few pods needs none of it.
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  tcpBeLiberal: false
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+# Its default -999 needs CAP_SYS_RESOURCE, which this machine's root lacks (see
+# restrict_oom_score_adj in containerd's config); 0 is what it inherits.
+oomScoreAdj: 0
+featureGates:
+{gates}
+"""
+
+    def _iptables_path(self) -> str:
+        """PATH for kube-proxy: iptables lives in /usr/sbin, which a non-login PATH may lack."""
+        return ":".join(dict.fromkeys(os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/sbin", "/sbin"]))
+
+    def _start_kube_proxy(self, timeout: float) -> None:
+        path = self._iptables_path()
+        missing = [c for c in IPTABLES_COMMANDS if shutil.which(c, path=path) is None]
+        if missing:
+            raise ClusterError(f"kube-proxy needs {', '.join(missing)} (apt-get install iptables)")
+        config = self.root / "kube-proxy.yaml"
+        config.write_text(self.kube_proxy_config())
+        self._start("kube-proxy", [str(self.k8s_bin / "k8s"), "kube-proxy", f"--config={config}"],
+                    env={"PATH": path})
+        self.note("started kube-proxy")
+        # Its rules in place, as pods will use them: the API server through the `kubernetes`
+        # Service from this host (nat OUTPUT; pods come through nat PREROUTING, same chains).
+        service_ip = next(ipaddress.ip_network(SERVICE_CIDR).hosts())
+        self._wait(f"the kubernetes Service ({service_ip}:443) to reach the API server",
+                   lambda: self._get(f"https://{service_ip}:443/readyz") == 200, timeout, "kube-proxy")
+        self.note("kube-proxy: the kubernetes Service answers")
+
+    def _get(self, url: str) -> int:
+        # a short timeout: before kube-proxy's first sync a SYN to a Service IP goes
+        # unanswered, and waiting long for it would only delay `up`
+        with urllib.request.urlopen(url, context=self.ssl_context(), timeout=1) as r:
+            return r.status
+
+    def corefile(self) -> str:
+        """CoreDNS's configuration: names of Services (and their endpoints) in
+        CLUSTER_DOMAIN and reverse names of Service IPs, from the API server; nothing else
+        (no upstream to forward to: the cluster has no internet)."""
+        return f""".:53 {{
+    bind {NODE_IP}
+    errors
+    health 127.0.0.1:{self.ports['coredns-health']}
+    ready 127.0.0.1:{self.ports['coredns-ready']}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.root / 'coredns.kubeconfig'}
+        pods disabled
+        ttl 5
+    }}
+    cache 5
+}}
+"""
+
+    def dns_objects(self) -> list[tuple[str, dict]]:
+        """(collection path, object) for what cluster DNS needs in the API: CoreDNS's RBAC,
+        the kube-dns Service without a selector (CoreDNS is no pod) and its EndpointSlice,
+        which points at CoreDNS on the node."""
+        ports = [{"name": "dns", "port": 53, "protocol": "UDP"},
+                 {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        return [
+            (f"{rbac}/clusterroles", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": COREDNS_USER},
+                "rules": [{"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
+                          {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                           "verbs": ["list", "watch"]}]}),
+            (f"{rbac}/clusterrolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": COREDNS_USER},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": COREDNS_USER},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": COREDNS_USER}]}),
+            ("/api/v1/namespaces/kube-system/services", {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kube-dns", "namespace": "kube-system",
+                             "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+                "spec": {"clusterIP": KUBE_DNS_IP,
+                         "ports": [dict(p, targetPort=53) for p in ports]}}),
+            ("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices", {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "kube-dns-node", "namespace": "kube-system",
+                             "labels": {"kubernetes.io/service-name": "kube-dns",
+                                        "endpointslice.kubernetes.io/managed-by": "dra-local-cluster"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}, "nodeName": NODE}],
+                "ports": ports}),
+        ]
+
+    def _start_coredns(self, timeout: float) -> None:
+        for collection, obj in self.dns_objects():
+            code, answer = self.api("POST", collection, obj)
+            if code not in (201, 409):
+                raise ClusterError(f"creating {obj['kind']} {obj['metadata']['name']} for cluster DNS failed "
+                                   f"({code}): {answer.get('message', answer)}")
+        corefile = self.root / "Corefile"
+        corefile.write_text(self.corefile())
+        self._start("coredns", [str(self.coredns), "-conf", str(corefile)])
+        self.note("started coredns")
+        self._wait("coredns /ready", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports['coredns-ready']}/ready", timeout=2).status == 200, timeout, "coredns")
+        name = f"kubernetes.default.svc.{CLUSTER_DOMAIN}"
+        service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
+        self._wait(f"kube-dns ({KUBE_DNS_IP}) to answer {name} with {service_ip}",
+                   lambda: dns_query(KUBE_DNS_IP, name, timeout=1) == [service_ip], timeout, "coredns")
+        self.note("coredns: kube-dns answers")
+
+    def _kube_proxy_cleanup(self) -> None:
+        """kube-proxy --cleanup: its iptables chains and rules go (they are the host's, and
+        outlive the process). Run by `down` whether or not it was running."""
+        proxy = self.k8s_bin / "kube-proxy"
+        if not proxy.exists():
+            return
+        try:
+            p = subprocess.run([str(proxy), "--cleanup"], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, PATH=self._iptables_path()))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.note(f"kube-proxy --cleanup failed: {e}")
+            return
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.logs / "kube-proxy-cleanup.log").write_text(p.stdout + p.stderr)
+        # what is left of its Service rules (KUBE-SERVICES and the chains it jumps to), in cluster.log
+        try:
+            save = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
+                                  env=dict(os.environ, PATH=self._iptables_path())).stdout
+        except OSError as e:  # no iptables: kube-proxy never ran here either
+            save = str(e)
+        left = sum("KUBE-SERVICES" in line or "KUBE-SVC-" in line for line in save.splitlines())
+        self.note(f"kube-proxy --cleanup: exit {p.returncode}, {left} Service rules left in nat")
 
     def _start_kubelet(self) -> None:
         path = f"{self.containerd_bin}:{self.runc.parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
@@ -721,6 +979,118 @@ class Cluster:
             return False
         conds = {c["type"]: c for c in node.get("status", {}).get("conditions", [])}
         return conds.get("Ready", {}).get("status") == "True"
+
+    # -- fake nodes (KWOK): Node objects without a kubelet, for the fleet benchmark ---------
+    @property
+    def kwok_bin(self) -> Path:
+        """kwok and its stages (build.sh kwok; not part of `all`)."""
+        return HERE / "bin" / f"kwok-{self.vers['KWOK_VERSION']}"
+
+    def fake_node_names(self) -> list[str]:
+        code, nodes = self.api("GET", f"/api/v1/nodes?labelSelector={FAKE_NODE_LABEL}%3D{FAKE_NODE_VALUE}")
+        if code != 200:
+            raise ClusterError(f"listing fake nodes failed ({code}): {nodes}")
+        return sorted(n["metadata"]["name"] for n in nodes.get("items") or [])
+
+    def _start_kwok(self) -> None:
+        if self._alive("kwok"):
+            return
+        if not (self.kwok_bin / "kwok").exists():
+            raise ClusterError(f"kwok is not built (run hack/local-cluster/build.sh kwok): {self.kwok_bin}")
+        # Only nodes with our annotation: the real node stays the kubelet's. Leases of 40 s,
+        # renewed every 10 s, are what a kubelet does (the node lifecycle controller's
+        # grace period is 40 s); pods on fake nodes get addresses from a range of their own.
+        self._start("kwok", [str(self.kwok_bin / "kwok"), f"--kubeconfig={self.admin_kubeconfig}",
+                             f"--config={self.kwok_bin / 'stages.yaml'}", "--manage-all-nodes=false",
+                             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_VALUE}",
+                             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16",
+                             "--node-ip=10.243.0.1"])
+        self.note("started kwok")
+
+    def add_fake_nodes(self, count: int, prefix: str = "fake-node", labels: dict[str, str] | None = None,
+                       workers: int = 8, timeout: float = 300) -> list[str]:
+        """`count` Node objects (prefix-0000, prefix-0001, ...) beside the real node, kept
+        Ready by kwok, which marks their pods Running. They carry the taint
+        kwok.x-k8s.io/node=fake:NoSchedule, so only pods that tolerate it land there, and
+        the label FAKE_NODE_LABEL. Returns their names once all are Ready."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._start_kwok()
+        names = [f"{prefix}-{i:04d}" for i in range(count)]
+
+        def create(name: str) -> None:
+            body = {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name,
+                "labels": {FAKE_NODE_LABEL: FAKE_NODE_VALUE, "kubernetes.io/hostname": name,
+                           "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})},
+                "annotations": {FAKE_NODE_ANNOTATION: FAKE_NODE_VALUE}},
+                "spec": {"taints": [{"key": FAKE_NODE_ANNOTATION, "value": FAKE_NODE_VALUE,
+                                     "effect": "NoSchedule"}]}}
+            code, answer = self.api("POST", "/api/v1/nodes", body)
+            if code not in (201, 409):
+                raise ClusterError(f"creating fake node {name} failed ({code}): {answer.get('message', answer)}")
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(create, names))
+        self.note(f"created {count} fake nodes ({prefix}-*)")
+        wanted = set(names)
+
+        def all_ready() -> bool:
+            code, nodes = self.api("GET", f"/api/v1/nodes?labelSelector={FAKE_NODE_LABEL}%3D{FAKE_NODE_VALUE}",
+                                   timeout=60)
+            ready = {n["metadata"]["name"] for n in nodes.get("items") or []
+                     if any(c.get("type") == "Ready" and c.get("status") == "True"
+                            for c in (n.get("status") or {}).get("conditions") or [])}
+            return code == 200 and wanted <= ready
+        self._wait(f"{count} fake nodes Ready", all_ready, timeout, "kwok")
+        self.note(f"{count} fake nodes Ready")
+        return names
+
+    def remove_fake_nodes(self, timeout: float = 300) -> None:
+        """Deletes every fake node and stops kwok. What hangs off a node by an owner
+        reference (its Lease, the ResourceSlices a driver published for it) goes with it
+        through the garbage collector; its pods through the pod GC."""
+        names = self.fake_node_names() if self._alive("kube-apiserver") else []
+        if names:
+            # one DELETE of the collection (kubectl deletes node by node)
+            self.api("DELETE", f"/api/v1/nodes?labelSelector={FAKE_NODE_LABEL}%3D{FAKE_NODE_VALUE}",
+                     timeout=timeout)
+            self._wait("fake nodes deleted", lambda: not self.fake_node_names(), timeout)
+            self.note(f"deleted {len(names)} fake nodes")
+        self._stop("kwok")
+
+    def stop_scheduler(self) -> None:
+        """No scheduler for a while: pods made now wait, and a restart_scheduler places them
+        all at once (the fleet benchmark's throughput is the scheduler's, not our client's)."""
+        self._stop("kube-scheduler")
+
+    def restart_scheduler(self, qps: int, wait: bool = True) -> int:
+        """kube-scheduler again, with client QPS/burst `qps` (the default of 50 would bound
+        every workload alike at ~25 pods/s: a binding and a claim status write per pod) and
+        its /metrics served on a port of its own, which this returns. wait=False returns
+        at once (the caller scrapes /metrics from before the first pod is placed)."""
+        port = free_port()
+        config = self.root / "scheduler-config.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.root / "scheduler.kubeconfig"), "qps": qps, "burst": qps},
+            "leaderElection": {"leaderElect": False}}))
+        self._stop("kube-scheduler")
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+        self._start("kube-scheduler", [
+            str(self.k8s_bin / "k8s"), "kube-scheduler", f"--config={config}",
+            f"--authentication-kubeconfig={self.root / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={self.root / 'scheduler.kubeconfig'}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", f"--feature-gates={gates}"])
+        if not wait:
+            return port
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
+        self._wait("kube-scheduler /readyz", lambda: urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=3).status == 200, 60, "kube-scheduler")
+        self.note(f"restarted kube-scheduler (qps {qps}, metrics on {port})")
+        return port
 
     def _nvidia_runtime(self) -> str:
         """containerd's `nvidia` handler, where build.sh built the toolkit: a wrapper that
@@ -846,7 +1216,12 @@ state = '{c / "state"}'
         prefix = ipaddress.ip_network(POD_CIDR).prefixlen
         for cmd in (["ip", "link", "add", BRIDGE, "type", "bridge"],
                     ["ip", "addr", "add", f"{NODE_IP}/{prefix}", "dev", BRIDGE],
-                    ["ip", "link", "set", BRIDGE, "up"]):
+                    ["ip", "link", "set", BRIDGE, "up"],
+                    # Service IPs from this host (up's checks, hostNetwork pods) go out by the
+                    # bridge, from NODE_IP, rather than by whatever default route the host has
+                    # (none on an offline machine: "Network is unreachable" before kube-proxy's
+                    # rules are looked at); the route goes with the bridge in `down`.
+                    ["ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE, "src", NODE_IP]):
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode and "File exists" not in p.stderr:
                 raise ClusterError(f"{' '.join(cmd)}: {p.stderr.strip()}")
@@ -893,7 +1268,10 @@ authorization:
   mode: Webhook
 registerNode: true
 podCIDR: {POD_CIDR}
-clusterDomain: cluster.local
+clusterDomain: {CLUSTER_DOMAIN}
+# CoreDNS behind kube-dns (up starts it); without it the kubelet warns MissingClusterDNS
+# on every pod and gives pods the host's resolv.conf.
+clusterDNS: [{KUBE_DNS_IP}]
 resolvConf: /etc/resolv.conf
 failSwapOn: false
 # A test machine's disk and memory: evict only when really short.
@@ -935,9 +1313,11 @@ featureGates:
                 self.ctr("tasks", "kill", "-s", "SIGKILL", t, check=False)
             for t in tasks:
                 self.ctr("tasks", "delete", "-f", t, check=False)
-        for name in ("kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
-                     "kube-apiserver", "etcd"):
+        self._stop("kwok")  # fake nodes' kwok (add_fake_nodes), if one runs
+        for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager",
+                     "containerd", "kube-apiserver", "etcd"):
             self._stop(name)
+        self._kube_proxy_cleanup()
         # shims left by a killed containerd: their pid files are in containerd's state
         for pidfile in (self.root / "containerd" / "state").glob("io.containerd.runtime.v2.task/*/*/shim.pid"):
             try:
@@ -994,6 +1374,22 @@ featureGates:
         pidfile.unlink(missing_ok=True)
         self.note(f"stopped {name}")
 
+    def _shared_root(self) -> None:
+        """The cluster's folder a shared mount of its own (a bind mount onto itself, made
+        rshared), as / is on a systemd host: containerd refuses a Bidirectional mount from
+        a non-shared one and HostToContainer from a private one, and mounts made later
+        under it (pods' network namespaces, the MPS shm tmpfs) reach the driver's pod only
+        through shared propagation. _unmount_all takes it away again."""
+        # /var/run/netns too, as `ip netns add` leaves it: the driver pod's mock keeps its
+        # own namespace there (a HostToContainer mount, which containerd refuses from a
+        # private mount). Left mounted by `down`, as iproute2 leaves it.
+        Path("/var/run/netns").mkdir(parents=True, exist_ok=True)
+        for path in (str(self.root), str(Path("/var/run/netns").resolve())):
+            mounted = any(line.split()[4] == path for line in Path("/proc/self/mountinfo").read_text().splitlines())
+            if not mounted:
+                subprocess.run(["mount", "--bind", path, path], check=True, capture_output=True)
+            subprocess.run(["mount", "--make-rshared", path], check=True, capture_output=True)
+
     def _unmount_all(self) -> None:
         root = str(self.root)
         for _ in range(3):
@@ -1018,16 +1414,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             c.up(args.timeout)
             if (IMAGE_CACHE / "top.tar").exists():
-                print(f"imported {c.import_driver_image()} (the MPS control daemon's image)")
+                print(f"imported {c.import_driver_image()} (the driver's image: the chart's pod, the MPS control daemons)")
             os.close(c._lock_fd)  # the running cluster keeps the lock file; `down` cleans up
             print(f"cluster up in {(c.root / 'up-seconds').read_text().strip()}s; logs in {c.logs}\n"
-                  f"export KUBECONFIG={c.admin_kubeconfig} PATH={c.k8s_bin}:$PATH")
+                  f"export KUBECONFIG={c.admin_kubeconfig} PATH={c.k8s_bin}:{c.helm.parent}:$PATH")
         elif args.command == "down":
             c.lock()
             c.down()
             print(f"cluster down; logs kept in {c.logs}")
         else:
-            print(f"export KUBECONFIG={c.admin_kubeconfig} PATH={c.k8s_bin}:$PATH")
+            print(f"export KUBECONFIG={c.admin_kubeconfig} PATH={c.k8s_bin}:{c.helm.parent}:$PATH")
     except ClusterError as e:
         print(f"local-cluster: {e}", file=sys.stderr)
         return 1

@@ -145,7 +145,7 @@ def driver_image(cluster) -> str:
 def _all_logs(c, lines: int = 30) -> str:
     out = []
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                 "containerd", "kubelet"):
+                 "containerd", "kubelet", "kube-proxy", "coredns"):
         out.append(f"----- {name} (last {lines} lines of {c.logs / (name + '.log')}) -----\n{c.tail(name, lines)}")
     for drv in sorted(c.logs.glob("driver-*.log")):
         out.append(f"----- {drv.name} -----\n{c.tail(drv.stem, lines)}")

@@ -1,6 +1,6 @@
 // Command k8s is one multi-call binary for the upstream Kubernetes components that
 // hack/local-cluster runs: kube-apiserver, kube-controller-manager, kube-scheduler,
-// kubelet, kubectl and an embedded etcd. It holds no logic of its own: each name calls the
+// kubelet, kube-proxy, kubectl and an embedded etcd. It holds no logic of its own: each name calls the
 // command constructor that the component's own cmd/<name>/main.go calls, so what runs is
 // upstream code at the version in versions.env. One binary links the shared packages once
 // (time and disk on a 2-core machine).
@@ -26,6 +26,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
@@ -36,6 +37,8 @@ var components = map[string]func() *cobra.Command{
 		return scheduler.NewSchedulerCommand()
 	},
 	"kubelet": func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+	// Services for pods: the `kubernetes` Service (the API server) and kube-dns (CoreDNS).
+	"kube-proxy": proxy.NewProxyCommand,
 }
 
 func main() {
@@ -65,6 +68,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: k8s {etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl} [flags]")
+	fmt.Fprintln(os.Stderr, "usage: k8s {etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kube-proxy|kubectl} [flags]")
 	os.Exit(2)
 }
