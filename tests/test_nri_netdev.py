@@ -291,3 +291,22 @@ def test_a_driver_killed_in_the_middle_leaves_a_record_that_undoes_it(host, pods
     assert [r.device for r in undone] == ["nic-0000-41-00-2"]
     assert link(host.path, "enp65s0f0v0") == before
     assert link(pod_ns, "net1") is None and link(pod_ns, "enp65s0f0v0") is None
+
+
+def test_the_mock_takes_a_dead_instances_leftover_mount_point_for_no_namespace():
+    """A driver pod's bind mount of the mock's namespace lives in its container's mount
+    namespace only; after the pod, the host folder keeps the empty file. The next instance
+    must make a namespace there, not run netlink against the empty file."""
+    network = MockNetwork(_name("dra-test-stale"))
+    os.makedirs("/var/run/netns", exist_ok=True)
+    open(network.path, "w").close()  # the mount point a dead container left
+    try:
+        network.create()
+        mac = network.add_nic("dratst0")  # fails on the empty file: it is no namespace
+        assert link(network.path, "dratst0")["mac"] == mac
+        network.create()  # a live one is kept (the NIC stays)
+        assert link(network.path, "dratst0") is not None
+    finally:
+        network.destroy()
+        if os.path.lexists(network.path):
+            os.unlink(network.path)

@@ -36,6 +36,15 @@ NETNS_DIR = Path("/var/run/netns")
 ELSEWHERE = "netdevs-elsewhere"
 
 
+def is_namespace(path: str) -> bool:
+    """Is a network namespace mounted at path? Namespace files live on nsfs, one
+    superblock for all of them: the same device as our own namespace's file."""
+    try:
+        return os.stat(path).st_dev == os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        return False
+
+
 def _peer_name(ifname: str) -> str:
     return f"mp{zlib.crc32(ifname.encode()) & 0xFFFFFF:06x}"
 
@@ -61,8 +70,16 @@ class MockNetwork:
         return str(NETNS_DIR / self.name)
 
     def create(self) -> None:
-        if not os.path.exists(self.path):
-            pyroute2_netns.create(self.name)
+        if is_namespace(self.path):
+            return
+        # A file without a namespace mounted on it: the mount point a dead instance left,
+        # e.g. a driver pod, whose bind mount lived in its container's mount namespace
+        # only (the host folder keeps the empty file). Taken for a live namespace, every
+        # netlink call of the mock would fail on it.
+        if os.path.lexists(self.path):
+            log.info("mock_netns_stale_mount_point_removed", path=self.path)
+            os.unlink(self.path)
+        pyroute2_netns.create(self.name)
 
     def destroy(self) -> None:
         if os.path.exists(self.path):

@@ -1,7 +1,10 @@
 """The driver on the local cluster's node, as the chart runs it, but as a host process:
-the chart's RBAC, ValidatingAdmissionPolicies and DeviceClasses applied to the real API
-server, a token of the chart's ServiceAccount, the DaemonSet's environment with its host
-paths mapped to the cluster's kubelet folders."""
+the chart installed with helm (its RBAC, ValidatingAdmissionPolicies and DeviceClasses)
+with the DaemonSet held off every node, a token of the chart's ServiceAccount, the
+DaemonSet's environment with its host paths mapped to the cluster's kubelet folders.
+
+For the tests that must kill or trace the driver's process or read its private state;
+the others run the chart's pod (tests/cluster/driverpod.py, docs/testing.md says which)."""
 
 from __future__ import annotations
 
@@ -16,8 +19,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from tests.conftest import REPO
 from tests.helm_cli import Helm
 from tests.test_chart import CHART
@@ -25,10 +26,6 @@ from tests.test_chart import CHART
 NAMESPACE = "dra-system"  # the release namespace tests/test_chart.render uses
 RELEASE = "dra"  # and its release name (the objects' names follow from it)
 DRIVER = "accel.dra.io"
-# The kinds of the chart that the cluster gets; the DaemonSet's pod is this module's host
-# process instead (its image would need a registry).
-APPLIED_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
 
 
 def daemonset_env(objects: list[dict]) -> dict[str, str]:
@@ -43,16 +40,18 @@ def service_account(objects: list[dict]) -> str:
 
 
 def install(cluster, values: dict) -> list[dict]:
-    """kubectl apply of the chart's cluster objects (namespace first, as `helm install
-    --create-namespace` does). Rendered by the real helm CLI (`helm template`, what users
-    run; build.sh all built it), which tests/test_helm_cli.py holds equal to the fast
-    tests' render."""
+    """`helm upgrade --install` of the chart with these values, its DaemonSet given a
+    nodeSelector that no node matches, so that the host process started next never runs
+    beside a driver pod (an earlier test's pod is waited out). Returns the objects as
+    `helm template` renders them with `values` (what the host process's environment is
+    taken from)."""
+    from tests.cluster.driverpod import NO_NODE, helm_apply, merge, wait_no_driver_pod
+
     helm = Helm(cluster.helm, cluster.root / "helm")
     helm.home.mkdir(parents=True, exist_ok=True)
     objects = helm.objects(CHART, values, release=RELEASE, namespace=NAMESPACE)
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    docs = [o for o in objects if o["kind"] in APPLIED_KINDS]
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    helm_apply(cluster, merge(values, {"nodeSelector": NO_NODE}))
+    wait_no_driver_pod(cluster)
     return objects
 
 

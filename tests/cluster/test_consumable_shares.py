@@ -2,7 +2,7 @@
 two pods whose claims each take 40 % of the compute and 30 GiB of one GPU are allocated
 by the real scheduler onto that GPU side by side and run under its MPS daemon (our image);
 a third that would take the GPU past 100 % is left Pending by the scheduler, with its
-reason in the pod's conditions and events."""
+reason in the pod's conditions and events. The driver is the chart's pod (helm)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 
-from tests.cluster.driverhost import HostDriver, install
+from tests.cluster.driverpod import PodDriver
 from tests.cluster.test_examples import explain, mps_daemon_pods, wait_logs, wait_pod
 
 SHARE = {"memory": "30Gi", "compute": "40"}
@@ -63,17 +63,12 @@ def allocation(cluster, ns: str, pod: dict) -> dict:
 
 
 def test_two_shares_run_on_one_gpu_and_a_third_that_would_overcommit_it_stays_pending(
-        cluster, driver_image, tmp_path):
+        cluster, driver_image):
     import local_cluster
 
-    objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
-                                "mock": {"enabled": True}, "gpuSharing": "consumable",
-                                "mps": {"image": driver_image}})
     ns = f"shares-{uuid.uuid4().hex[:6]}"
-    drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
-                     extra_env={"MOCK_PROFILE": "mixed"}).start()
+    drv = PodDriver(cluster, driver_image).install(profile="mixed", values={"gpuSharing": "consumable"})
     try:
-        drv.wait_ready()
         cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=MANIFEST)
         results = []
@@ -128,9 +123,10 @@ def test_two_shares_run_on_one_gpu_and_a_third_that_would_overcommit_it_stays_pe
         assert allocation(cluster, ns, pod)["device"] == "gpu-0000-11-00-0"
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        drv.wait_unprepared(ns)
         deadline = time.monotonic() + 60
         while mps_daemon_pods(cluster) and time.monotonic() < deadline:
             time.sleep(1)
         left = mps_daemon_pods(cluster)
-        assert drv.stop() == 0, drv.log()[-3000:]
+    assert drv.restarts() == 0, drv.describe()
     assert not left, [p["metadata"]["name"] for p in left]

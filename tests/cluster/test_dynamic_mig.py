@@ -3,7 +3,8 @@ examples/mig-dynamic: the real scheduler allocates partitions of the first H100 
 GPU's shared counters (four 1g.10gb at memory slices 0-3, then a 3g.40gb at 4-7), our driver
 creates each GPU/compute instance at prepare (the mock GPU's state shows it), the last
 3g.40gb no longer fits and its pod stays Pending with the scheduler's reason, `dra-driver
-explain` says the same, and when the pods go the instances are destroyed."""
+explain` says the same, and when the pods go the instances are destroyed. The driver is the
+chart's pod (helm); the mock GPUs' state is read on the node, in the pod's hostPath."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import uuid
 import yaml
 
 from driver.devices.mock.gpustate import GpuStateStore
-from tests.cluster.driverhost import DRIVER, HostDriver, install
+from tests.cluster.driverhost import DRIVER
+from tests.cluster.driverpod import PodDriver
 from tests.cluster.test_examples import explain, wait_pod
 from tests.conftest import REPO
 
@@ -54,16 +56,12 @@ def instances(cluster) -> list[dict]:
     return out
 
 
-def test_partitions_through_shared_counters_created_at_prepare_destroyed_with_the_pod(cluster, tmp_path):
+def test_partitions_through_shared_counters_created_at_prepare_destroyed_with_the_pod(cluster, driver_image):
     import local_cluster
 
-    objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
-                                "mock": {"enabled": True}, "migMode": "dynamic"})
     ns = f"dyn-mig-{uuid.uuid4().hex[:6]}"
-    drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
-                     extra_env={"MOCK_PROFILE": "h100x8"}).start()
+    drv = PodDriver(cluster, driver_image).install(profile="h100x8", values={"migMode": "dynamic"})
     try:
-        drv.wait_ready()
         assert instances(cluster) == []
         cluster.kubectl("create", "namespace", ns)
         docs = [d for d in yaml.safe_load_all((REPO / "examples" / "mig-dynamic" / "claim.yaml").read_text())
@@ -122,4 +120,5 @@ def test_partitions_through_shared_counters_created_at_prepare_destroyed_with_th
         assert sorted(destroyed) == sorted(devices.values()), destroyed
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
-        assert drv.stop() == 0, drv.log()[-3000:]
+        drv.wait_unprepared(ns)
+    assert drv.restarts() == 0, drv.describe()

@@ -1,7 +1,9 @@
 """Examples from examples/, applied as a user applies them (`kubectl apply -f`), allocated
 by the real kube-scheduler, prepared by the driver through the real kubelet, the container
 run by containerd/runc with the CDI devices, and the container's output what the example's
-README says."""
+README says. The driver is the chart's DaemonSet pod, installed with helm
+(tests/cluster/driverpod.py); the examples run grouped by the driver config they need
+(mock profile, chart values), so that the pod is reinstalled only when that changes."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from typing import Callable
 import pytest
 import yaml
 
-from tests.cluster.driverhost import NAMESPACE, HostDriver, explain, install
+from tests.cluster.driverhost import NAMESPACE, explain
+from tests.cluster.driverpod import PodDriver
 from tests.conftest import REPO
 
 GPU_UUID = r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$"
@@ -32,7 +35,7 @@ NVIDIA_SMI = r"^mock nvidia-smi: driver \S+, \d+ GPU\(s\) on the node$"
 class Example:
     profile: str  # the mock profile the example's README names
     expect: dict[str, list[str]]  # pod -> regexes that lines of its containers' logs match
-    values: dict = field(default_factory=dict)  # chart values beyond the mock's
+    values: dict = field(default_factory=dict)  # chart values beyond the mock's (the pod's config)
     # the pods' commands end (restartPolicy Never: Succeeded) or sleep (Running)
     finishes: bool = True
     mps: bool = False  # an MPS control daemon pod runs our image
@@ -122,10 +125,26 @@ def with_command(manifest: str, command: tuple[str, ...]) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
+def config(ex: Example) -> tuple[str, str]:
+    """What the driver pod must run with for the example: its mock profile and values."""
+    return ex.profile, json.dumps(ex.values, sort_keys=True)
+
+
+# Examples of one config adjacent: each change of config costs a reinstall of the pod.
+ORDER = sorted(EXAMPLES, key=lambda name: (config(EXAMPLES[name]), name))
+
+
 @pytest.fixture(scope="module")
-def chart(cluster):
-    return install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
-                             "mock": {"enabled": True}})
+def pod_driver(cluster, driver_image):
+    """The chart's pod, kept across the module's examples while their config is the same."""
+    return PodDriver(cluster, driver_image)
+
+
+def driver_for(drv: PodDriver, ex: Example) -> PodDriver:
+    # drv.pod is None until an install worked (and again after one that failed)
+    if drv.pod is None or (drv.profile, drv.values) != (ex.profile, ex.values):
+        drv.install(profile=ex.profile, values=ex.values)
+    return drv
 
 
 def pods_of(manifest: str) -> list[str]:
@@ -162,7 +181,7 @@ def wait_logs(cluster, ns: str, name: str, expected: list[str], timeout: float) 
         time.sleep(1)
 
 
-def prepared_claims(drv: HostDriver, ns: str) -> set[str]:
+def prepared_claims(drv: PodDriver, ns: str) -> set[str]:
     return {json.loads(line).get("claim_name") for line in drv.log().splitlines()
             if '"claim_prepared"' in line and f'"{ns}"' in line}
 
@@ -180,24 +199,17 @@ def mps_daemon_pods(cluster) -> list[dict]:
     return json.loads(out)["items"]
 
 
-@pytest.mark.parametrize("example", list(EXAMPLES))
-def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, request):
-    import local_cluster
-
+@pytest.mark.parametrize("example", ORDER)
+def test_example_runs_on_the_real_cluster(cluster, pod_driver, driver_image, example):
     ex = EXAMPLES[example]
-    values = {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"}, "mock": {"enabled": True}, **ex.values}
-    if ex.mps:
-        values["mps"] = {"image": request.getfixturevalue("driver_image")}
-    objects = install(cluster, values) if ex.values or ex.mps else chart
     manifest = (REPO / "examples" / example / "claim.yaml").read_text()
     if ex.command:
         manifest = with_command(manifest, ex.command)
     assert set(pods_of(manifest)) >= set(ex.expect), pods_of(manifest)
     ns = f"ex-{example}-{uuid.uuid4().hex[:6]}"[:63]
-    drv = HostDriver(cluster, objects, tmp_path, local_cluster.NODE, fresh_node=True,
-                     extra_env={"MOCK_PROFILE": ex.profile}).start()
+    drv = driver_for(pod_driver, ex)
+    restarts = drv.restarts()
     try:
-        drv.wait_ready()
         if ex.nri:
             drv.wait_log("nri_synchronized", 30)
         cluster.kubectl("create", "namespace", ns)
@@ -221,22 +233,26 @@ def test_example_runs_on_the_real_cluster(cluster, chart, example, tmp_path, req
             raise AssertionError(f"{e}\nMPS daemon pods: {json.dumps(daemons, indent=1)}\ntheir logs:\n{logs}") from None
         if ex.mps:
             (daemon,) = mps_daemon_pods(cluster)
-            assert daemon["spec"]["containers"][0]["image"] == values["mps"]["image"]
+            # the chart's default: the driver's own image
+            assert daemon["spec"]["containers"][0]["image"] == driver_image
             assert daemon["status"]["phase"] == "Running", daemon["status"]
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+        # every claim unprepared before the pod may be replaced for the next config
+        drv.wait_unprepared(ns)
         if ex.mps:
             # the last unprepare deletes the daemon pod and waits for it
             deadline = time.monotonic() + 60
             while mps_daemon_pods(cluster) and time.monotonic() < deadline:
                 time.sleep(1)
             left = mps_daemon_pods(cluster)
-        assert drv.stop() == 0, drv.log()[-3000:]
+    # the pod served the example without a crash or a failed liveness probe
+    assert drv.restarts() == restarts, drv.describe()
     if ex.mps:
         assert not left, [p["metadata"]["name"] for p in left]
 
 
-def check_pods(cluster, drv: HostDriver, ns: str, ex: Example) -> None:
+def check_pods(cluster, drv: PodDriver, ns: str, ex: Example) -> None:
     for name, expected in ex.expect.items():
         pod = wait_pod(cluster, ns, name, {"Succeeded", "Failed", "Running"}, 120)
         if ex.finishes and pod["status"]["phase"] == "Running":

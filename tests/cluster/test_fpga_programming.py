@@ -1,6 +1,6 @@
 """FPGAs programmed for the pod on the real cluster (issue 43): the store comes in through
-the chart's value (fpga.bitstreams.hostPath -> the DaemonSet's FPGA_BITSTREAMS, which the
-host process gets as the pod would, at the node's own path), the real kubelet prepares,
+the chart's value (fpga.bitstreams.hostPath -> the DaemonSet's FPGA_BITSTREAMS and a
+read-only mount at the node's own path, in the chart's pod), the real kubelet prepares,
 the driver loads the claim's xclbin through the mock node's xbutil, and containerd starts
 the container, which checks the function it got. A claim whose function the store holds
 only for another shell, or not at all, fails its pod's prepare with our one line in the
@@ -15,7 +15,8 @@ import re
 import pytest
 
 from driver.devices.mock import catalog, fpgatools
-from tests.cluster.driverhost import DRIVER, HostDriver, install
+from tests.cluster.driverhost import DRIVER
+from tests.cluster.driverpod import PodDriver
 from tests.cluster.workloads import apply, events, get, namespace, pod, slice_device, wait
 from tests.conftest import REPO
 
@@ -38,18 +39,13 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def driver(cluster, store, tmp_path_factory):
-    import local_cluster
-
-    objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
-                                "mock": {"enabled": True, "profile": "alveo"},
-                                "fpga": {"bitstreams": {"hostPath": str(store)}}})
-    drv = HostDriver(cluster, objects, tmp_path_factory.mktemp("drv"), local_cluster.NODE,
-                     fresh_node=True).start()
+def driver(cluster, store, driver_image):
+    drv = PodDriver(cluster, driver_image).install(
+        profile="alveo", values={"fpga": {"bitstreams": {"hostPath": str(store)}}})
     assert drv.env()["FPGA_BITSTREAMS"] == str(store), "the chart passes the store to the driver"
-    drv.wait_ready()
+    restarts = drv.restarts()
     yield drv
-    assert drv.stop() == 0, drv.log()[-3000:]
+    assert drv.restarts() == restarts, drv.describe()
 
 
 def test_the_pod_starts_with_the_function_its_claim_names_loaded(cluster, driver):
