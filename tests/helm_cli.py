@@ -52,6 +52,9 @@ class Helm:
             "HELM_CACHE_HOME": str(self.home / "cache"),
             "HELM_CONFIG_HOME": str(self.home / "config"),
             "HELM_DATA_HOME": str(self.home / "data"),
+            # client-go's discovery cache goes to $HOME/.kube/cache; without HOME it was
+            # written relative to the working directory, into the checkout
+            "HOME": str(self.home),
             # No cluster, whatever the caller's KUBECONFIG: renders use Helm's built-in
             # capabilities (as the Python engine does) and a dry run stays client-side.
             "KUBECONFIG": str(self.home / "no-kubeconfig"),

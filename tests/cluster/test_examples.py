@@ -237,6 +237,11 @@ def test_example_runs_on_the_real_cluster(cluster, pod_driver, driver_image, exa
             assert daemon["spec"]["containers"][0]["image"] == driver_image
             assert daemon["status"]["phase"] == "Running", daemon["status"]
     finally:
+        # The pods first, with a short grace period: the examples' sleeping shells run as
+        # PID 1 and ignore SIGTERM, so each waited out the default 30 s before the kubelet
+        # killed it (the kubelet still stops them and the driver unprepares as usual).
+        cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=true",
+                        "--timeout=60s", check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
         # every claim unprepared before the pod may be replaced for the next config
         drv.wait_unprepared(ns)
