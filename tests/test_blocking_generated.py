@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -27,11 +26,7 @@ EXHAUSTIVE = int(os.environ.get("BLOCKING_EXHAUSTIVE", "200"))
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if shutil.which("go") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Go is required under CI=true to build hack/allocator-oracle")
-        pytest.skip("Go is not installed: hack/allocator-oracle cannot be built")
-    process = diff.Oracle(diff.build_oracle(tmp_path_factory.mktemp("oracle")))
+    process = diff.started_oracle(tmp_path_factory.mktemp("oracle"))
     yield process
     process.close()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -23,11 +22,7 @@ SEED = int(os.environ.get("CAPACITY_SEED", "1"))
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if shutil.which("go") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Go is required under CI=true to build hack/allocator-oracle")
-        pytest.skip("Go is not installed: hack/allocator-oracle cannot be built")
-    process = differential.Oracle(differential.build_oracle(tmp_path_factory.mktemp("oracle")))
+    process = differential.started_oracle(tmp_path_factory.mktemp("oracle"))
     yield process
     process.close()
 

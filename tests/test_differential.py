@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -35,12 +34,7 @@ def test_kept_regression_scenario(sc):
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    if shutil.which("go") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Go is required under CI=true to build hack/allocator-oracle")
-        pytest.skip("Go is not installed: hack/allocator-oracle cannot be built")
-    binary = diff.build_oracle(tmp_path_factory.mktemp("oracle"))
-    process = diff.Oracle(binary)
+    process = diff.started_oracle(tmp_path_factory.mktemp("oracle"))
     yield process
     process.close()
 

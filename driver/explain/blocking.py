@@ -182,22 +182,9 @@ def _relevant(claims: list[engine.PodClaim], world: w.World, devices: list[w.Poo
     whatever is removed; leaving them out keeps each engine run to what matters."""
     ledger = engine._ledger(world, devices, own, vacant=True)
     alternatives = [(c.namespace, alt) for c in claims for _, alts in engine.requests(c.ref, c.spec) for alt in alts]
-    return [_Remembered(**{f.name: getattr(d, f.name) for f in dataclasses.fields(d)}) for d in devices
+    return [w.RememberedDevice.of(d) for d in devices
             if any(engine.judge(alt, d, world, ledger, namespace).code not in (CLASS, SELECTOR)
                    for namespace, alt in alternatives)]
-
-
-@dataclass(frozen=True)
-class _Remembered(w.PoolDevice):
-    """A device whose CEL activation is built once: the search judges the same devices
-    again for each set it tries, and building the activation was most of an engine run."""
-
-    def activation(self) -> dict:
-        cached = self.__dict__.get("_activation")
-        if cached is None:
-            cached = super().activation()
-            object.__setattr__(self, "_activation", cached)
-        return cached
 
 
 def _candidates(world: w.World, devices: list[w.PoolDevice], own: frozenset[str]) -> list[dict]:

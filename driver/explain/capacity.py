@@ -119,7 +119,7 @@ class NodeModel:
     @classmethod
     def of(cls, world: w.World, node: str) -> "NodeModel":
         view = world.view(node)
-        devices = [_Probed(**d.__dict__) for d in view.on_node(node)]
+        devices = [w.RememberedDevice.of(d) for d in view.on_node(node)]
         return cls(node, view, devices, engine._ledger(view, devices, None))
 
     def allocate(self, specs: list[dict]) -> list[dict] | None:
@@ -129,24 +129,6 @@ class NodeModel:
         if reports is None:
             return None
         return [r for report in reports for r in report.allocation]
-
-
-class _Probed(w.PoolDevice):
-    """A device judged many times over (each size of each probe): what CEL sees of it, and
-    whether an attribute has no known type, are worked out once. The device is frozen, so
-    neither can change between probes."""
-
-    def activation(self) -> dict:
-        cached = self.__dict__.get("_activation")
-        if cached is None:
-            cached = super().activation()
-            object.__setattr__(self, "_activation", cached)
-        return cached
-
-    def unsupported_attribute(self) -> str | None:
-        if "_unsupported" not in self.__dict__:
-            object.__setattr__(self, "_unsupported", super().unsupported_attribute())
-        return self.__dict__["_unsupported"]
 
 
 # -- probes -----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ scheduler it uses only the newest generation of each pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, Iterable
 
@@ -79,6 +79,29 @@ class PoolDevice:
                     for d, caps in cel.by_domain(self.capacity, self.driver).items()}
         return cel.activation(self.driver, attributes, capacity, self.multiple)
 
+
+
+class RememberedDevice(PoolDevice):
+    """A device judged many times over (capacity's sizes, blocking's candidate sets): what
+    CEL sees of it, and whether an attribute has no known type, are worked out once. The
+    device is frozen, so neither can change between judgements; building the activation
+    was most of an engine run."""
+
+    @classmethod
+    def of(cls, device: PoolDevice) -> "RememberedDevice":
+        return cls(**{f.name: getattr(device, f.name) for f in fields(device)})
+
+    def activation(self) -> dict:
+        cached = self.__dict__.get("_activation")
+        if cached is None:
+            cached = super().activation()
+            object.__setattr__(self, "_activation", cached)
+        return cached
+
+    def unsupported_attribute(self) -> str | None:
+        if "_unsupported" not in self.__dict__:
+            object.__setattr__(self, "_unsupported", super().unsupported_attribute())
+        return self.__dict__["_unsupported"]
 
 def plain(value: dict) -> Any:
     """A published attribute value ({"int": 3}) as Python; versions as VersionText; a list
