@@ -16,11 +16,12 @@ if TYPE_CHECKING:
     from driver.explain import pods as pod_claims
     from driver.explain import world as w
 
-# The engine and its CEL evaluator (cel-python, the `demo` extra) are imported when explain
-# runs, not when its options are added: the CLI builds every subcommand's parser, and the
-# driver's image (requirements.lock) has no cel-python, so an import here stopped every
-# `dra-driver` command in it, `run` and `mps-control-daemon` included (seen on the local
-# cluster: the MPS daemon pod crashed with "No module named 'celpy'").
+# The engine and its CEL evaluator (cel-python) are imported when explain runs, not when
+# its options are added: the CLI builds every subcommand's parser, and an install without
+# cel-python (before December 2026 the driver's image had none; it is a runtime dependency
+# now, for the fragmentation gauges) stopped every `dra-driver` command with an import
+# here, `run` and `mps-control-daemon` included (seen on the local cluster: the MPS daemon
+# pod crashed with "No module named 'celpy'"). Without it explain says so in one line.
 
 EXIT_FITS, EXIT_NOWHERE, EXIT_USAGE = 0, 1, 2
 
