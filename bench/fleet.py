@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import ssl
 import subprocess
 import sys
@@ -148,21 +147,13 @@ def impossible_claim(shape: Shape) -> dict:
 
 # -- metrics --------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
-
-
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    out = []
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        try:
-            out.append((m.group(1), labels, float(m.group(3))))
-        except ValueError:
-            pass
-    return out
+    """(name, labels, value) of every sample of a Prometheus text exposition, read with
+    prometheus_client's parser (as the driver's own metric tests read theirs)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def total(samples, name: str, **match: str | Callable[[str], bool]) -> float:
