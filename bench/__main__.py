@@ -5,6 +5,7 @@ driver cannot avoid, measured in the same run on the same machine.
     python -m bench [--runs 200] [--idle-seconds 30] [--quick] [--startup-only] [--idle-large 600]
     python -m bench --against OTHER_CHECKOUT [--runs 200]
     python -m bench fleet [--nodes 100,500] [--pods 200]   (bench/fleet.py: fake nodes, the real scheduler)
+    python -m bench alloccost [--nodes 20] [--fill 0.5]    (bench/alloccost.py: one node's cost to the real allocator)
 
 One module per measured concern: `startup`, `prepare` (latency, throughput, scaling and
 its A/Bs), `sharing` (MPS shares, dynamic MIG), `fpga` (programming at prepare), `idle` (idle CPU, utilization sampling),
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     import sys
 
+    if sys.argv[1:2] == ["alloccost"]:  # its own command line: bench/alloccost.py
+        from bench.alloccost import main as alloccost_main
+        return alloccost_main(sys.argv[2:])
     if sys.argv[1:2] == ["fleet"]:  # its own command line: bench/fleet.py
         from bench.fleet import main as fleet_main
         return fleet_main(sys.argv[2:])

@@ -286,7 +286,7 @@ def test_rbac_is_exactly_what_the_driver_calls(tmp_path):
         with Running(publisher.run):
             assert api.wait_for(lambda: len(api.state.slices) == 3)
             time.sleep(0.3)
-            api.delete_slice(f"node-a-{DRIVER}-gpu-0")
+            api.delete_slice(f"node-a-{DRIVER}-0-gpu-0")
             assert api.wait_for(lambda: len(api.state.slices) == 3)
             from driver.devices.model import Inventory
 

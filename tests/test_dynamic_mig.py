@@ -75,6 +75,34 @@ def test_every_placement_is_a_device_and_the_slices_validate_in_both_layouts(mod
                        for o in objects)
 
 
+def test_name_order_puts_whole_gpus_ahead_of_every_placement(tmp_path):
+    """Upstream's allocator walks a pool's slices in name order and evaluates the selectors
+    on every device it passes: a whole-GPU claim must meet the whole GPUs before any of
+    the hundreds of placements, and a NIC or FPGA claim before them too."""
+    mixed = mock.load("mixed")
+    built = node(tmp_path, "h100-sxm5-80gb", count=8)
+    result = dynamic(built)
+    others = discover(mock.build(mixed, tmp_path / "mixed").sources()).inventory
+    nics_fpgas = tuple(d for d in others.devices if d.kind in (DeviceKind.NIC, DeviceKind.FPGA))
+    inventory = type(result.inventory)(result.inventory.devices + nics_fpgas, result.inventory.counter_sets)
+    objects = slices.build(inventory, POOL, 1, "v1", layout=slices.SPLIT)
+    walk = [(d["attributes"]["type"]["string"], "consumesCounters" in d)
+            for o in sorted(objects, key=lambda o: o["metadata"]["name"]) for d in o["spec"].get("devices", [])]
+    kinds = [k for k, _ in walk]
+    first_mig = kinds.index("mig")
+    assert kinds[:8] == ["gpu"] * 8 and all(counters for _, counters in walk[:8])
+    assert set(kinds[first_mig:]) == {"mig"}, "nothing but placements after the first placement"
+    assert kinds.index("nic") < first_mig and kinds.index("fpga") < first_mig
+
+
+def test_name_order_is_gpus_then_nics_then_fpgas(tmp_path):
+    inventory = discover(mock.build(mock.load("mixed"), tmp_path / "mixed").sources()).inventory
+    objects = slices.build(inventory, POOL, 1, "v1")
+    kinds = [d["attributes"]["type"]["string"]
+             for o in sorted(objects, key=lambda o: o["metadata"]["name"]) for d in o["spec"].get("devices", [])]
+    assert kinds == sorted(kinds, key=["gpu", "nic", "fpga"].index) and set(kinds) == {"gpu", "nic", "fpga"}
+
+
 def test_counters_forbid_exactly_the_overlapping_pairs(tmp_path):
     inventory = dynamic(node(tmp_path, "h100-sxm5-80gb")).inventory
     (set_name, total), = inventory.counter_sets.items()

@@ -103,7 +103,7 @@ def test_attribute_change_rewrites_one_slice_same_generation(api, tmp_path):
     (node.sysfs / "class" / "net" / "enp18s0f0" / "mtu").write_text("4200\n")
     holder.inventory = discover(node.sources()).inventory
     assert publisher.reconcile() == 1
-    assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-0")]
+    assert api.writes() == [("update", f"{NODE}-{DRIVER}-3-nic-0")]
     assert devices_in_api(api)["nic-0000-12-00-0"]["attributes"]["mtu"] == {"int": 4200}
     assert {s["spec"]["pool"]["generation"] for s in api.slices()} == {1}
 
@@ -118,8 +118,8 @@ def test_device_set_change_bumps_generation_then_deletes(api, tmp_path):
 
     holder.inventory = Inventory(tuple(d for d in result.inventory.devices if d.kind is not DeviceKind.FPGA))
     assert publisher.reconcile() == 3
-    assert api.writes() == [("update", f"{NODE}-{DRIVER}-gpu-0"), ("update", f"{NODE}-{DRIVER}-nic-0"),
-                            ("delete", f"{NODE}-{DRIVER}-fpga-0")]
+    assert api.writes() == [("update", f"{NODE}-{DRIVER}-0-gpu-0"), ("update", f"{NODE}-{DRIVER}-3-nic-0"),
+                            ("delete", f"{NODE}-{DRIVER}-4-fpga-0")]
     assert {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in api.slices()} == {(2, 2)}
 
 
@@ -129,10 +129,10 @@ def test_external_delete_and_edit_are_repaired_minimally(api, tmp_path):
     publisher.reconcile()
     before = {s["metadata"]["name"]: s["spec"] for s in api.slices()}
     api.reset_writes()
-    api.delete_slice(f"{NODE}-{DRIVER}-gpu-0")
-    api.edit_slice(f"{NODE}-{DRIVER}-nic-0", lambda s: s["spec"]["devices"].pop())
+    api.delete_slice(f"{NODE}-{DRIVER}-0-gpu-0")
+    api.edit_slice(f"{NODE}-{DRIVER}-3-nic-0", lambda s: s["spec"]["devices"].pop())
     assert publisher.reconcile() == 2
-    assert sorted(api.writes()) == [("create", f"{NODE}-{DRIVER}-gpu-0"), ("update", f"{NODE}-{DRIVER}-nic-0")]
+    assert sorted(api.writes()) == [("create", f"{NODE}-{DRIVER}-0-gpu-0"), ("update", f"{NODE}-{DRIVER}-3-nic-0")]
     assert {s["metadata"]["name"]: s["spec"] for s in api.slices()} == before
 
 
@@ -247,7 +247,7 @@ def test_hotplug_64_vfs_is_one_republish_and_removal_removes(api, tmp_path):
         assert api.wait_for(lambda: len(devices_in_api(api)) == 66, timeout=10)
         time.sleep(1.0)
         assert rediscovery.runs == 1 and rediscovery.events == 128
-        assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-0")], "one republish"
+        assert api.writes() == [("update", f"{NODE}-{DRIVER}-3-nic-0")], "one republish"
         # The VFs joined their PF's slice, the only one that changed: one atomic update, so
         # the generation stays (see the next tests).
         assert api.slices()[0]["spec"]["pool"]["generation"] == 1
@@ -285,7 +285,7 @@ def test_vfs_added_or_removed_rewrite_their_pfs_slice_alone(api, tmp_path):
     holder = Holder(rediscover(70, 70))
     publisher = make_publisher(api, tmp_path, holder)
     publisher.reconcile()
-    first, second = f"{NODE}-{DRIVER}-nic-0", f"{NODE}-{DRIVER}-nic-1"
+    first, second = f"{NODE}-{DRIVER}-3-nic-0", f"{NODE}-{DRIVER}-3-nic-1"
 
     def published() -> list[tuple[str, int, int]]:
         for obj in api.slices():
@@ -316,8 +316,8 @@ def test_vfs_added_or_removed_rewrite_their_pfs_slice_alone(api, tmp_path):
     api.reset_writes()
     holder.inventory = rediscover(80, 125)
     assert publisher.reconcile() == 3
-    assert api.writes() == [("update", first), ("update", second), ("create", f"{NODE}-{DRIVER}-nic-2")]
-    assert published() == [(first, 81, 2), (second, 126, 2), (f"{NODE}-{DRIVER}-nic-2", 3, 2)]
+    assert api.writes() == [("update", first), ("update", second), ("create", f"{NODE}-{DRIVER}-3-nic-2")]
+    assert published() == [(first, 81, 2), (second, 126, 2), (f"{NODE}-{DRIVER}-3-nic-2", 3, 2)]
 
     # Both PFs fit one slice again: devices move and a slice goes, so a new generation.
     api.reset_writes()
@@ -362,7 +362,7 @@ def test_a_malformed_foreign_slice_does_not_stop_publishing(api, tmp_path):
     _, result = discover_profile("mixed", tmp_path / "m")
     publisher = make_publisher(api, tmp_path, Holder(result.inventory))
     publisher.reconcile()
-    api.edit_slice(f"{NODE}-{DRIVER}-gpu-0", lambda s: s["spec"].pop("pool"))
+    api.edit_slice(f"{NODE}-{DRIVER}-0-gpu-0", lambda s: s["spec"].pop("pool"))
     with Running(publisher.run):
         assert api.wait_for(lambda: all(s["spec"].get("pool", {}).get("generation") == 2
                                         for s in api.slices()), timeout=15)
@@ -399,7 +399,7 @@ def test_updates_keep_what_others_added(api, tmp_path):
     holder = Holder(result.inventory)
     publisher = make_publisher(api, tmp_path, holder)
     publisher.reconcile()
-    name = f"{NODE}-{DRIVER}-nic-0"
+    name = f"{NODE}-{DRIVER}-3-nic-0"
     foreign_owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keep", "uid": "u-1"}
 
     def decorate(obj):
@@ -428,7 +428,7 @@ def test_deletes_spare_a_slice_re_created_meanwhile(api, tmp_path):
     _, result = discover_profile("mixed", tmp_path / "m")
     publisher = make_publisher(api, tmp_path, Holder(result.inventory))
     publisher.reconcile()
-    name = f"{NODE}-{DRIVER}-fpga-0"
+    name = f"{NODE}-{DRIVER}-4-fpga-0"
     listed = next(s for s in publisher.list_existing() if s["metadata"]["name"] == name)
     # Between our list and our delete, someone deletes and re-creates the slice.
     api.delete_slice(name)
@@ -469,7 +469,7 @@ def test_an_older_instance_stands_by_while_a_newer_one_publishes(api, tmp_path):
     for _ in range(3):
         new.reconcile()
         assert old.reconcile() == 0
-    assert api.writes() == [("update", f"{NODE}-{DRIVER}-gpu-0")]
+    assert api.writes() == [("update", f"{NODE}-{DRIVER}-0-gpu-0")]
     assert devices_in_api(api)["gpu-0000-11-00-0"]["attributes"]["newAttribute"] == {"bool": True}
     assert old.stats.deferred == 3 and old.stats.published
     new_instance.release()  # the newer pod stops (e.g. a rollback)
@@ -524,10 +524,10 @@ def test_no_change_reconciles_list_nothing_while_the_watch_runs(api, built, tmp_
         assert publisher.stats.lists == lists, "the watch's copy, not a LIST"
         assert api.state.requests == requests, "not one request to the API server"
         # The copy is not blind: an outside edit arrives through the watch and is repaired.
-        api.edit_slice(f"{NODE}-{DRIVER}-nic-3", lambda s: s["spec"]["devices"][0].pop("attributes"))
-        assert api.wait_for(lambda: ("update", f"{NODE}-{DRIVER}-nic-3") in api.writes(), timeout=10)
+        api.edit_slice(f"{NODE}-{DRIVER}-3-nic-3", lambda s: s["spec"]["devices"][0].pop("attributes"))
+        assert api.wait_for(lambda: ("update", f"{NODE}-{DRIVER}-3-nic-3") in api.writes(), timeout=10)
         time.sleep(0.5)
-        assert api.writes() == [("update", f"{NODE}-{DRIVER}-nic-3")]
+        assert api.writes() == [("update", f"{NODE}-{DRIVER}-3-nic-3")]
         assert publisher.stats.lists == lists and publisher.stats.failures == 0
 
 
@@ -551,8 +551,8 @@ def test_a_resumed_watch_misses_nothing_and_an_expired_one_lists_again(api, tmp_
         assert api.wait_for(lambda: len(api.state.slices) == 3)
         time.sleep(2.5)  # two resumed watches
         assert publisher.cache.lists == 1
-        api.delete_slice(f"{NODE}-{DRIVER}-gpu-0")
-        assert api.wait_for(lambda: f"{NODE}-{DRIVER}-gpu-0" in api.state.slices, timeout=5)
+        api.delete_slice(f"{NODE}-{DRIVER}-0-gpu-0")
+        assert api.wait_for(lambda: f"{NODE}-{DRIVER}-0-gpu-0" in api.state.slices, timeout=5)
         assert publisher.cache.lists == 1, "resumed from its version, no LIST"
         # A quiet watch on a busy cluster: without bookmarks its version falls behind
         # what the server keeps, and the resume gets 410 Expired.
@@ -561,7 +561,7 @@ def test_a_resumed_watch_misses_nothing_and_an_expired_one_lists_again(api, tmp_
         other.reconcile()  # events our field selector does not pass
         api.compact()
         assert wait_until(lambda: publisher.cache.lists == 2, timeout=5), "listed again after 410"
-        api.edit_slice(f"{NODE}-{DRIVER}-nic-0", lambda s: s["spec"]["devices"].pop())
+        api.edit_slice(f"{NODE}-{DRIVER}-3-nic-0", lambda s: s["spec"]["devices"].pop())
         assert api.wait_for(lambda: len(devices_in_api_of(api, NODE)) == len(result.inventory.devices),
                             timeout=5)
     assert publisher.stats.failures == 0
@@ -580,7 +580,7 @@ def test_a_stale_copy_costs_one_conflict_then_a_list(api, tmp_path):
     publisher.reconcile()
     items, version = publisher._list()
     publisher.cache.replace(items, version)  # as the watch would
-    name = f"{NODE}-{DRIVER}-nic-0"
+    name = f"{NODE}-{DRIVER}-3-nic-0"
     api.edit_slice(name, lambda s: s["spec"]["devices"].pop())  # its event never arrives
     # Our next change is to that slice: the update carries the copy's resourceVersion.
     nic = next(d for d in result.inventory.devices if d.kind is DeviceKind.NIC)

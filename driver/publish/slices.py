@@ -1,8 +1,15 @@
 """Inventory -> ResourceSlice bodies, for each resource.k8s.io version we publish with.
 
 Devices are grouped by kind and cut into chunks in name order, and each slice has a fixed
-name (node, driver, kind, chunk). A change to one NIC therefore touches the NIC slices and
-leaves the GPU slices byte-identical, which is what keeps the publisher's writes minimal.
+name (node, driver, rank, kind, chunk). A change to one NIC therefore touches the NIC slices
+and leaves the GPU slices byte-identical, which is what keeps the publisher's writes minimal.
+
+The rank is there for the scheduler. Upstream's allocator sorts a pool's slices by name and
+walks their devices in that order, evaluating the class and request selectors on each until
+one fits, and every evaluation converts all of the device's attributes for CEL. So the name
+order is the order in which our devices cost the scheduler time: small groups that most
+claims ask for come first (whole GPUs, static MIG, NICs, FPGAs), the hundreds of dynamic MIG
+placements last, where only MIG requests walk them (bench/alloccost.py measures it).
 
 Within a kind, devices that come and go together stay in one slice: an SR-IOV PF and its
 VFs (the kernel adds and removes VFs when the PF's sriov_numvfs changes). A VF added or
@@ -108,14 +115,23 @@ def device_body(device: Device, api_version: str, taints: Sequence[dict] = (),
     return {"name": device.name, **fields}
 
 
+# The order of a pool's slices (see the module's docstring): whole GPUs; whole GPUs that
+# share counters with their dynamic MIG placements ("parents"); static MIG; NICs; FPGAs; the
+# placements; counter sets (no devices).
+SLICE_RANKS = {DeviceKind.GPU.value: 0, "parents": 1, DeviceKind.MIG.value: 2, DeviceKind.NIC.value: 3,
+               DeviceKind.FPGA.value: 4, "partitions": 5, "counters": 6}
+
+
 def slice_name(pool: PoolIdentity, kind: DeviceKind | str, index: int) -> str:
-    """A DNS subdomain: `<node>-<driver>-<kind>-<n>`, hashed down when it would not fit."""
+    """A DNS subdomain: `<node>-<driver>-<rank>-<kind>-<n>`, hashed down when it would not
+    fit; names sort in SLICE_RANKS order within a pool either way."""
     kind = kind.value if isinstance(kind, DeviceKind) else kind
-    name = f"{pool.node_name}-{pool.driver}-{kind}-{index}".lower()
+    label = f"{SLICE_RANKS[kind]}-{kind}-{index}"
+    name = f"{pool.node_name}-{pool.driver}-{label}".lower()
     if names.is_dns_subdomain(name):
         return name
     digest = hashlib.sha256(f"{pool.node_name}/{pool.driver}".encode()).hexdigest()[:16]
-    name = f"{digest}-{kind}-{index}"
+    name = f"{digest}-{label}"
     assert names.is_dns_subdomain(name)
     return name
 
@@ -221,8 +237,13 @@ def _partitionable(inventory: Inventory, layout: str) -> list[tuple[str, int, tu
                 for i, name in enumerate(sets)]
     chunks = [("counters", i, (), tuple(sets[start:start + MAX_COUNTER_SETS_PER_SLICE]))
               for i, start in enumerate(range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE))]
-    # Device slices follow the counter sets' order, so that one GPU's partitions stay together.
+    # Device slices follow the counter sets' order, so that one GPU's partitions stay together
+    # (first fit then fills one GPU before the next). The whole GPUs go in slices of their own
+    # ranked ahead of the placements: a claim for a whole GPU finds one after at most the
+    # other whole GPUs, instead of after every placement of each GPU before it.
     ordered = sorted(devices, key=lambda d: (sorted(d.consumes), d.name))
-    chunks += [("partitions", i, tuple(ordered[start:start + MAX_DEVICES_WITH_COUNTERS]), ())
-               for i, start in enumerate(range(0, len(ordered), MAX_DEVICES_WITH_COUNTERS))]
+    for label, group in (("parents", [d for d in ordered if d.kind is DeviceKind.GPU]),
+                         ("partitions", [d for d in ordered if d.kind is not DeviceKind.GPU])):
+        chunks += [(label, i, tuple(group[start:start + MAX_DEVICES_WITH_COUNTERS]), ())
+                   for i, start in enumerate(range(0, len(group), MAX_DEVICES_WITH_COUNTERS))]
     return chunks
