@@ -29,7 +29,30 @@ from bench import fleet
 
 # (shape, workload) pairs, the fleet benchmark's; the baseline's "gpu" comes first.
 CASES = (("baseline", "gpu"), ("mixed", "gpu"), ("mixed", "aligned"), ("consumable", "share"),
-         ("h100x8-dynamic-mig", "mig"), ("h100x8-dynamic-mig", "gpu"), ("sriov-large", "nic"))
+         ("h100x8-dynamic-mig", "mig"), ("h100x8-dynamic-mig", "gpu"),
+         ("h100x8-dynamic-mig-3-profiles", "mig"), ("h100x8-dynamic-mig-3-profiles", "gpu"),
+         ("sriov-large", "nic"))
+
+# Shapes of a driver configured otherwise than the fleet's: the shape it is a variant of,
+# and the --mig-profiles it runs with.
+VARIANTS = {"h100x8-dynamic-mig-3-profiles": ("h100x8-dynamic-mig", frozenset({"1g.10gb", "3g.40gb", "7g.80gb"}))}
+
+
+def shape_and_inventory(name: str):
+    """The shape and the inventory the driver's own discovery finds for it."""
+    if name not in VARIANTS:
+        shape = fleet.SHAPES[name]
+        return shape, fleet.baseline_inventory() if shape.profile is None else fleet.mock_inventory(shape)
+    from driver.devices import mock
+    from driver.devices.discovery import discover
+
+    base, profiles = VARIANTS[name]
+    shape = fleet.SHAPES[base]
+    with tempfile.TemporaryDirectory(prefix="dra-alloccost-") as scratch:
+        s = mock.build(mock.load(shape.profile), Path(scratch) / "mock").sources()
+        sources = type(s)(s.sysfs, s.proc, s.nvml, s.nic_filter, s.pci_ids, shape.mig_mode,
+                          s.owned_mig, s.away_netdevs, profiles)
+        return shape, discover(sources).inventory
 
 
 @dataclass
@@ -71,8 +94,7 @@ def _is_gpu(shape: fleet.Shape, device: dict) -> bool:
 
 def measure(oracle: Path, shape_name: str, workload: str, nodes: int, repeat: int, fill: float,
             profile: Path | None) -> Cost:
-    shape = fleet.SHAPES[shape_name]
-    inventory = fleet.baseline_inventory() if shape.profile is None else fleet.mock_inventory(shape)
+    shape, inventory = shape_and_inventory(shape_name)
     names = [f"node-{i}" for i in range(nodes)]
     all_slices, held = [], []
     for n in names:

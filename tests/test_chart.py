@@ -3,6 +3,7 @@ strict Kubernetes schemas; RBAC compared with the API calls the driver really ma
 
 from __future__ import annotations
 
+import argparse
 import time
 import uuid
 
@@ -244,6 +245,21 @@ def test_values_schema_rejects_bad_values():
                 {"typo": 1}):
         with pytest.raises(helm.HelmError):
             chart.render(bad, name="dra", namespace="x")
+
+
+def test_mig_profiles_reach_the_driver_as_one_list():
+    _, _, env = container(render({"migMode": "dynamic", "migProfiles": ["1g.10gb", "7g.80gb"]}))
+    assert env["MIG_PROFILES"] == "1g.10gb,7g.80gb"
+    from driver.service.config import add_arguments, build
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = build(parser.parse_args([]), {"NODE_NAME": "n", "MIG_MODE": env["MIG_MODE"],
+                                           "MIG_PROFILES": env["MIG_PROFILES"]})
+    assert config.mig_profiles == frozenset({"1g.10gb", "7g.80gb"})
+    assert container(render())[2]["MIG_PROFILES"] == "", "every profile by default"
+    with pytest.raises(helm.HelmError):
+        render({"migMode": "dynamic", "migProfiles": ["3g"]})
 
 
 def test_device_classes_select_exactly_their_kind(built):

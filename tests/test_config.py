@@ -107,12 +107,20 @@ def test_nic_filters_parsed():
     (["--claim-workers", "many"], "--claim-workers: 'many' is not a number of threads"),
     (["--mps-shm-size", "lots"], "--mps-shm-size: 'lots' is not a quantity"),
     (["--mps-shm-size", "4Ki"], "--mps-shm-size: '4Ki' is below 1Mi"),
+    (["--mig-mode", "dynamic", "--mig-profiles", "1g.10gb,3g"], "--mig-profiles: '3g' is not a MIG GPU instance profile"),
+    (["--mig-profiles", "1g.10gb"], "--mig-profiles: chooses the profiles of dynamic MIG; --mig-mode default is static"),
 ])
 def test_invalid_values_are_named(argv, fragment):
     argv = ["--node-name", "n", *argv] if "--node-name" not in argv else argv
     pattern = fragment if ".*" in fragment else fragment.replace("(", r"\(").replace("*", r"\*")
     with pytest.raises(ConfigError, match=pattern):
         parse(argv)
+
+
+def test_mig_profiles_parsed():
+    config = parse(["--node-name", "n", "--mig-mode", "dynamic", "--mig-profiles", " 1g.10gb, 1G.10GB+ME,7g.80gb,"])
+    assert config.mig_profiles == frozenset({"1g.10gb", "1g.10gb+me", "7g.80gb"})
+    assert parse(["--node-name", "n", "--mig-mode", "dynamic"]).mig_profiles == frozenset()
 
 
 def test_env_errors_name_the_variable():

@@ -39,10 +39,10 @@ def node(tmp_path, model: str, count: int = 1, mig: list[str] | None = None, mig
     return built
 
 
-def dynamic(built):
+def dynamic(built, profiles: frozenset[str] = frozenset(), owned=set):
     sources = built.sources(NicFilter())
     return discover(type(sources)(sources.sysfs, sources.proc, sources.nvml, sources.nic_filter,
-                                  sources.pci_ids, "dynamic"))
+                                  sources.pci_ids, "dynamic", owned, sources.away_netdevs, profiles))
 
 
 def expected_partitions(model: str) -> int:
@@ -164,6 +164,48 @@ def test_instances_made_by_someone_else_are_left_alone_and_not_offered(tmp_path)
     starts = {d.attributes["placementStart"] for d in inventory.by_kind(DeviceKind.MIG)}
     assert starts and min(starts) >= 4, "memory slices 0-3 hold the other instance"
     assert inventory.by_kind(DeviceKind.GPU) == (), "nor the whole GPU"
+
+
+def test_mig_profiles_offers_those_profiles_and_the_whole_gpu_with_all_its_counters(tmp_path):
+    built = node(tmp_path, "h100-sxm5-80gb", count=2)
+    every = dynamic(built).inventory
+    chosen = dynamic(built, frozenset({"1g.10gb", "7g.80gb"})).inventory
+    migs = chosen.by_kind(DeviceKind.MIG)
+    assert {d.attributes["profile"] for d in migs} == {"1g.10gb", "7g.80gb"}
+    starts = {p.name: len(p.starts) for p in catalog.GPUS["h100-sxm5-80gb"].gi_profiles}
+    assert len(migs) == 2 * (starts["1g.10gb"] + starts["7g.80gb"]) < len(every.by_kind(DeviceKind.MIG))
+    assert len(chosen.by_kind(DeviceKind.GPU)) == 2
+    # What is offered consumes exactly what it did, from counter sets that are the GPU's
+    # whole: leaving profiles out changes no arithmetic of the scheduler.
+    assert chosen.counter_sets == every.counter_sets
+    consumed = {d.name: d.consumes for d in every.devices}
+    assert all(d.consumes == consumed[d.name] for d in chosen.devices)
+
+
+def test_a_profile_the_gpu_lacks_is_named_in_a_problem(tmp_path):
+    result = dynamic(node(tmp_path, "h100-sxm5-80gb"), frozenset({"1g.10gb", "2g.24gb"}))
+    assert {d.attributes["profile"] for d in result.inventory.by_kind(DeviceKind.MIG)} == {"1g.10gb"}
+    (problem,) = [p for p in result.problems if "--mig-profiles" in p.message]
+    assert "2g.24gb" in problem.message and "3g.40gb" in problem.message  # what it has instead
+
+
+def test_an_instance_this_driver_created_stays_published_when_its_profile_is_not_offered(tmp_path):
+    """A claim holds it: unpublished, its counters would be free to the scheduler and an
+    overlapping placement could be handed out."""
+    built = node(tmp_path, "h100-sxm5-80gb", mig=["3g.40gb"])
+    nv = built.nvml
+    nv.nvmlInit()
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    uuid = nv.nvmlDeviceGetUUID(handle)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    array, count = (nv.c_nvmlGpuInstance_t * 8)(), ctypes.c_uint(8)
+    nv.nvmlDeviceGetGpuInstances(handle, info.id, array, ctypes.byref(count))
+    ours = {(uuid, nv.nvmlGpuInstanceGetInfo(array[0]).id)}
+    inventory = dynamic(built, frozenset({"1g.10gb"}), owned=lambda: ours).inventory
+    profiles = {(d.attributes["profile"], d.attributes["placementStart"]) for d in inventory.by_kind(DeviceKind.MIG)}
+    assert ("3g.40gb", 0) in profiles
+    assert {p for p, _ in profiles} == {"1g.10gb", "3g.40gb"} and ("3g.40gb", 4) not in profiles
 
 
 def test_ampere_with_mig_off_is_offered_whole_and_says_why(tmp_path):

@@ -40,6 +40,7 @@ class Sources:
     # The NICs whose netdev the driver moved into pods (driver/nri/netdev.py's records):
     # published though the host's sysfs lists no netdev of them (driver/devices/net.py).
     away_netdevs: Callable[[], tuple[net.AwayNetdev, ...]] = tuple
+    mig_profiles: frozenset[str] = frozenset()  # dynamic MIG: the profiles offered; empty: all
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def discover(sources: Sources, previous: DiscoveryResult | None = None,
     counter_sets: dict = {}
     if sources.nvml is not None:
         gpus = NvmlDiscovery(sources.nvml, sources.sysfs, sources.proc, sources.mig_mode,
-                             sources.owned_mig)
+                             sources.owned_mig, sources.mig_profiles)
         devices += gpus.discover(problems)
         nvml_unavailable = gpus.unavailable
         driver_version = gpus.driver_version

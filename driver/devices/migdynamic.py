@@ -104,10 +104,15 @@ def consumption(partition: Partition) -> dict[str, str]:
 def partition_devices(
     partitions: list[Partition], gpu: Device, minor: int, location: PciLocation,
     occupied: set[int], problems: Problems, mig_enabled: bool, architecture: int | None,
+    offered: frozenset[str] = frozenset(), created: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[list[Device], dict[str, dict[str, str]]] | None:
     """The GPU's offer in dynamic mode, or None where it can only be offered whole (Ampere
     with MIG off: enabling MIG needs a reset). `partitions`: what profiles() reports;
-    `occupied`: memory slices of instances this driver did not create."""
+    `occupied`: memory slices of instances this driver did not create. `offered`: the
+    profiles to publish (--mig-profiles; empty: all); `created`: (profile id, start) of the
+    instances this driver created, published whatever `offered` says, because a claim holds
+    each and the scheduler counts its counters only while the device is published. The
+    counter set is always the whole GPU's."""
     if not mig_enabled and architecture is not None and architecture <= AMPERE:
         problems.note(gpu.name, "MIG mode is off and this GPU changes it only with a reset: "
                                 "offered whole; enable MIG mode (nvidia-smi -mig 1, then a GPU "
@@ -117,7 +122,14 @@ def partition_devices(
         return None
     set_name = counter_set_name(gpu.name)
     devices: list[Device] = []
+    if offered:
+        unknown = sorted(offered - {p.profile for p in partitions})
+        if unknown:
+            problems.note(gpu.name, f"--mig-profiles {', '.join(unknown)}: not a profile of this GPU "
+                                    f"(it has {', '.join(sorted({p.profile for p in partitions}))})")
     for partition in partitions:
+        if offered and partition.profile not in offered and (partition.profile_id, partition.start) not in created:
+            continue
         covered = set(range(partition.start, partition.start + partition.size))
         if covered & occupied:
             continue

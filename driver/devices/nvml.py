@@ -103,12 +103,14 @@ def mig_handles(nv: Any, parent: Any) -> Iterator[tuple[int, Any]]:
 
 class NvmlDiscovery:
     def __init__(self, nvml: Any, sysfs: Path, proc: Path, mig_mode: str = "static",
-                 owned: Callable[[], set[tuple[str, int]]] = set) -> None:
+                 owned: Callable[[], set[tuple[str, int]]] = set,
+                 mig_profiles: frozenset[str] = frozenset()) -> None:
         self.nvml = nvml
         self.sysfs = sysfs
         self.proc = proc
         self.mig_mode = mig_mode  # "static": MIG devices as they exist; "dynamic": partitions
         self.owned = owned  # (GPU UUID, GPU instance id) of instances this driver created
+        self.mig_profiles = mig_profiles  # dynamic MIG: the profiles offered; empty: all
         self.counter_sets: dict[str, dict[str, str]] = {}
         self.unavailable: str | None = None  # why NVML could not be used, if it could not
         self.driver_version: str | None = None  # as NVML says it ("535.104.05"): file names use it
@@ -246,16 +248,20 @@ class NvmlDiscovery:
                        capacity={"memory": memory_quantity(memory)},
                        device_nodes=(f"/dev/nvidia{minor}",), pci=location, model=product)
         occupied: set[int] = set()
+        created: set[tuple[int, int]] = set()
         partitions = migdynamic.profiles(nv, handle)
         if enabled:
             owned = self.owned()
             for profile_id in {p.profile_id for p in partitions}:
                 for info in self._gpu_instances(handle, profile_id):
-                    if (uuid, info.id) not in owned:
+                    if (uuid, info.id) in owned:
+                        created.add((profile_id, info.placement.start))
+                    else:
                         occupied |= set(range(info.placement.start,
                                               info.placement.start + info.placement.size))
         offer = migdynamic.partition_devices(partitions, whole, minor, location, occupied,
-                                             problems, enabled, arch)
+                                             problems, enabled, arch, self.mig_profiles,
+                                             frozenset(created))
         if offer is None:
             return None
         devices, sets = offer

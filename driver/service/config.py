@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,10 @@ OPTIONS: tuple[Option, ...] = (
            "hold, as partitionable devices with shared counters, created at prepare "
            "(Kubernetes 1.34+, gate DRAPartitionableDevices, on by default from 1.36)",
            commands=NODE),
+    Option("mig_profiles", "--mig-profiles", "MIG_PROFILES", "",
+           "with --mig-mode dynamic: the MIG profiles to offer, comma-separated (e.g. "
+           "1g.10gb,3g.40gb,7g.80gb); empty: every profile of each GPU. Fewer placements "
+           "make every node cheaper for the scheduler (docs/dynamic-mig.md)", commands=NODE),
     Option("namespace", "--namespace", "POD_NAMESPACE", "default",
            "the namespace this driver runs in; MPS control daemon pods are created there"),
     Option("mps_image", "--mps-image", "MPS_IMAGE", "",
@@ -201,6 +206,7 @@ class Config:
     registration_timeout: float = 30.0
     gpu_sharing: str = "exclusive"
     mig_mode: str = "static"
+    mig_profiles: frozenset[str] = frozenset()  # dynamic MIG: the profiles offered; empty: all
     namespace: str = "default"
     mps_image: str = ""
     mps_start_timeout: float = 30.0
@@ -365,6 +371,18 @@ def _xids(value: str, source: str) -> frozenset[int]:
     return xids
 
 
+MIG_PROFILE = re.compile(r"[1-9][0-9]*g\.[1-9][0-9]*gb(\+[a-z]+)*")  # 3g.40gb, 1g.10gb+me
+
+
+def _mig_profiles(value: str, source: str) -> frozenset[str]:
+    found = frozenset(p.strip().lower() for p in str(value).split(",") if p.strip())
+    for profile in sorted(found):
+        if not MIG_PROFILE.fullmatch(profile):
+            raise ConfigError(f"{source}: {profile!r} is not a MIG GPU instance profile "
+                              "(such as 1g.10gb, 3g.40gb or 1g.10gb+me)")
+    return found
+
+
 def _extended_resource_names(value: str, source: str) -> tuple[str, ...]:
     found = tuple(sorted({p.strip() for p in str(value).split(",") if p.strip()}))
     for name in found:
@@ -453,6 +471,10 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
     mig_mode = str(raw["mig_mode"]).strip().lower()
     if mig_mode not in ("static", "dynamic"):
         raise ConfigError(f"{source['mig_mode']}: {raw['mig_mode']!r} is not static or dynamic")
+    mig_profiles = get("mig_profiles", _mig_profiles) or frozenset()
+    if mig_profiles and mig_mode != "dynamic":
+        raise ConfigError(f"{source['mig_profiles']}: chooses the profiles of dynamic MIG; "
+                          f"{source['mig_mode']} is {mig_mode} (static MIG publishes the instances that exist)")
     namespace = str(raw["namespace"])
     if not names.is_dns_label(namespace):
         raise ConfigError(f"{source['namespace']}: {namespace!r} is not a namespace name")
@@ -497,6 +519,7 @@ def build(args: argparse.Namespace, env: Mapping[str, str] | None = None,
         registration_timeout=get("registration_timeout", _seconds),
         gpu_sharing=gpu_sharing,
         mig_mode=mig_mode,
+        mig_profiles=mig_profiles,
         namespace=namespace,
         mps_image=mps_image,
         mps_start_timeout=get("mps_start_timeout", _mps_start_seconds),

@@ -44,7 +44,7 @@ class NodeRoots:
             if library is not None:  # not there at start: from now on GPUs are published
                 structlog.get_logger(component="nvml").info("nvml_library_loaded", library=str(library))
         return Sources(self.sysfs, self.proc, self.nvml, config.nic_filter, self.pci_ids,
-                       mig_mode or config.mig_mode, owned_mig, away_netdevs)
+                       mig_mode or config.mig_mode, owned_mig, away_netdevs, config.mig_profiles)
 
 
 def open_node(config: Config, mock_root: Path | None = None,
