@@ -596,6 +596,23 @@ def test_a_pool_moving_between_nodes_is_gathered_per_node_as_the_scheduler_does(
     assert old.on_node("node-1") == [] and not old.unusable_pools
 
 
+def test_a_nodes_view_reads_only_the_slices_that_can_target_it(monkeypatch):
+    """The scheduler keeps slices by node; a view that matched every node's slices against
+    each node made explain quadratic in the fleet (5-7 s at 1,000 nodes)."""
+    slices = [{"kind": "ResourceSlice", "metadata": {"name": f"s{i}"},
+               "spec": {"driver": DRIVER, "nodeName": f"node-{i}", "pool": {"name": f"node-{i}", "generation": 1,
+                                                                          "resourceSliceCount": 1},
+                        "devices": [{"name": "d"}]}} for i in range(50)]
+    slices.append(_pool_slice("everywhere", 1, 1, ["e"], allNodes=True))
+    world = w.build(slices)
+    asked = []
+    real = w.node_matches
+    monkeypatch.setattr(w, "node_matches", lambda node, labels, name, *rest: asked.append(name) or real(node, labels, name, *rest))
+    view = world.view("node-7")
+    assert sorted(d.name for d in view.on_node("node-7")) == ["d", "e"]
+    assert sorted(asked, key=str) == sorted(["node-7", None], key=str), "its own slice and the untargeted one"
+
+
 def test_a_multi_node_pool_counts_the_other_nodes_slices_and_their_counters():
     slices = [_pool_slice("a", 1, 2, ["d1"], nodeName="node-1"), _pool_slice("b", 1, 2, ["d2"], nodeName="node-2")]
     view = w.build(slices).view("node-1")
