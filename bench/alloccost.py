@@ -33,6 +33,12 @@ CASES = (("baseline", "gpu"), ("mixed", "gpu"), ("mixed", "aligned"), ("consumab
          ("h100x8-dynamic-mig-3-profiles", "mig"), ("h100x8-dynamic-mig-3-profiles", "gpu"),
          ("sriov-large", "nic"))
 
+# The allocator features kube-scheduler v1.37.2 enables by default (its DRA feature gates):
+# with these upstream picks the same implementation the scheduler runs ("incubating", as a
+# pprof of the scheduler shows), not the one with every alpha feature ("experimental").
+SCHEDULER_FEATURES = {"AdminAccess": True, "PrioritizedList": True, "PartitionableDevices": True,
+                      "DeviceTaints": True, "DeviceBindingAndStatus": True, "ConsumableCapacity": True}
+
 # Shapes of a driver configured otherwise than the fleet's: the shape it is a variant of,
 # and the --mig-profiles it runs with.
 VARIANTS = {"h100x8-dynamic-mig-3-profiles": ("h100x8-dynamic-mig", frozenset({"1g.10gb", "3g.40gb", "7g.80gb"}))}
@@ -112,7 +118,7 @@ def measure(oracle: Path, shape_name: str, workload: str, nodes: int, repeat: in
              "spec": spec}
     request = {"op": "bench", "node": {"name": names[0]}, "nodes": names, "repeat": repeat,
                "slices": all_slices, "classes": fleet.device_classes(shape), "claims": [claim],
-               "allocated": held}
+               "allocated": held, "features": SCHEDULER_FEATURES}
     if profile:
         profile.mkdir(parents=True, exist_ok=True)
         request["cpuProfile"] = str(profile / f"{shape_name}-{workload}.pprof")
