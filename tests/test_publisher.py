@@ -78,7 +78,7 @@ def test_first_publish_then_zero_writes(api, tmp_path):
     holder = Holder(result.inventory)
     publisher = make_publisher(api, tmp_path, holder)
     assert publisher.reconcile() == 3
-    assert api.writes() == [("create", f"{NODE}-{DRIVER}-{k}-0") for k in ("gpu", "fpga", "nic")]
+    assert api.writes() == [("create", f"{NODE}-{DRIVER}-{k}-0") for k in ("0-gpu", "4-fpga", "3-nic")]
     stored = api.slices()
     node_uid = api.state.nodes[NODE]["metadata"]["uid"]
     for obj in stored:
@@ -165,8 +165,63 @@ def test_faults_converge(api, tmp_path, fault):
     with Running(publisher.run):
         assert api.wait_for(
             lambda: set(devices_in_api(api)) == {d.name for d in result.inventory.devices}, timeout=20)
-    assert publisher.stats.failures >= 1
+    if fault.status == 429:  # never executed: sent again within the pass, which does not fail
+        assert (publisher.stats.throttled, publisher.stats.failures) == (3, 0)
+    else:
+        assert publisher.stats.failures >= 1
     assert all(s["spec"]["pool"]["resourceSliceCount"] == len(api.slices()) for s in api.slices())
+
+
+def test_a_throttled_write_waits_out_retry_after_and_is_sent_once_more(api, tmp_path):
+    """API Priority and Fairness turns a request away with 429 and Retry-After: 1 before
+    executing it. The pass sends that request again after at least the server's wait, and
+    neither fails nor starts over (no second LIST, no slice sent twice)."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    api.inject(Fault("POST", "resourceslices", status=429, times=2, retry_after="1"))
+    t0 = time.monotonic()
+    assert publisher.reconcile() == 3
+    elapsed = time.monotonic() - t0
+    assert publisher.stats.throttled == 2 and publisher.stats.lists == 1
+    assert 1.0 <= publisher.stats.throttle_wait_max and elapsed >= publisher.stats.throttle_wait >= 2.0
+    assert sorted(api.state.writes) == sorted(("create", s["metadata"]["name"]) for s in api.slices())
+    assert len(api.slices()) == 3
+
+
+def test_a_request_throttled_past_the_retries_fails_the_pass(api, tmp_path, monkeypatch):
+    from driver.publish import publisher as module
+
+    monkeypatch.setattr(module, "THROTTLE_RETRIES", 2)
+    monkeypatch.setattr(module, "BACKOFF_BASE", 0.01)
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    api.inject(Fault("POST", "resourceslices", status=429, times=3))
+    with pytest.raises(ApiError) as err:
+        publisher.reconcile()
+    assert err.value.status == 429 and publisher.stats.throttled == 2
+
+
+def test_throttled_nodes_do_not_come_back_in_step():
+    """A fleet turned away at one moment: the waits are never shorter than Retry-After and
+    spread over a second and more, then grow per attempt."""
+    publishers = [Publisher(None, DRIVER, f"n{i}", inventory=lambda: None) for i in range(200)]
+    first = [p.throttle_delay(1.0, 1) for p in publishers]
+    assert min(first) >= 1.0 and max(first) <= 2.0 and max(first) - min(first) > 0.8
+    assert len({round(d, 2) for d in first}) > 50  # not a handful of slots either
+    fifth = [p.throttle_delay(1.0, 5) for p in publishers]
+    assert min(fifth) >= 8.0  # 0.5 s doubled four times
+
+
+def test_the_pass_after_a_throttled_one_waits_for_retry_after(api, tmp_path):
+    """A 429 outside the slice requests (the API group's discovery) fails the pass; the
+    run loop's next try honours the server's Retry-After over its own shorter backoff."""
+    _, result = discover_profile("mixed", tmp_path / "m")
+    publisher = make_publisher(api, tmp_path, Holder(result.inventory))
+    api.inject(Fault("GET", "^/apis/resource.k8s.io$", status=429, times=1, retry_after="2"))
+    t0 = time.monotonic()
+    with Running(publisher.run):
+        assert api.wait_for(lambda: len(api.slices()) == 3, timeout=20)
+    assert time.monotonic() - t0 >= 2.0 and publisher.stats.failures == 1
 
 
 @pytest.mark.parametrize("versions", [["v1beta1"], ["v1beta2", "v1beta1"]])

@@ -32,9 +32,12 @@ USER_AGENT = f"dra-driver/{__version__} ({platform.system().lower()}/{platform.m
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status  # 0: no answer (connection refused, timeout)
+        # The server's Retry-After in seconds (a 429 of API Priority and Fairness says 1):
+        # the soonest a throttled caller may try again. None: it said nothing.
+        self.retry_after = retry_after
 
 
 class NotFound(ApiError):
@@ -156,7 +159,8 @@ class Kube:
                 timeout=urllib3.Timeout(total=timeout or self.timeout), retries=False))
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ApiError(0, f"{method} {path}: {_reason(err)}") from err
-        return answer(method, path, response.status, response.reason, response.data)
+        return answer(method, path, response.status, response.reason, response.data,
+                      response.headers.get("Retry-After"))
 
     def stream(self, path: str, query: dict, timeout: float) -> Iterator[dict]:
         """A watch: yields decoded events until the server closes or `timeout` passes."""
@@ -225,16 +229,26 @@ class Kube:
             return self._resource_version
 
 
-def answer(method: str, path: str, status: int, reason: str | None, data: bytes) -> Any:
+def answer(method: str, path: str, status: int, reason: str | None, data: bytes,
+           retry_after: str | None = None) -> Any:
     """A whole answer as the caller gets it: its JSON, NotFound, or ApiError."""
     if status == 404:
         raise NotFound(404, f"{method} {path}: not found")
     if not 200 <= status < 300:
-        raise ApiError(status, f"{method} {path}: {_message(data, reason)}")
+        raise ApiError(status, f"{method} {path}: {_message(data, reason)}", _seconds(retry_after))
     try:
         return json.loads(data) if data else None
     except ValueError as err:  # a proxy's page with a 200, a cut-off body
         raise ApiError(0, f"{method} {path}: the answer is not JSON: {data[:80]!r}") from err
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """Retry-After as delay-seconds (what the API server sends); an HTTP date or anything
+    else unreadable counts as not said."""
+    try:
+        return max(0.0, float(retry_after)) if retry_after else None
+    except ValueError:
+        return None
 
 
 def _once_more_if_dropped(method: str, send: Callable[[], Any]) -> Any:

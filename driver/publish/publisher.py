@@ -32,6 +32,15 @@ keeps the copy of them a reconcile compares with (driver/publish/slicecache.py):
 runs, a reconcile makes no LIST. API errors are retried with capped
 exponential backoff and jitter, and the reconcile after a failed one LISTs; prepare calls
 do not depend on any of this.
+
+A fleet starting at once meets API Priority and Fairness: the driver's ServiceAccount
+lands in a limited priority level (workload-low unless a FlowSchema says otherwise), and
+when its queues are full the server answers 429 with Retry-After before doing anything.
+Such a request is sent again (a write too: it was never executed) after the server's
+Retry-After, grown exponentially and spread by jitter so that the throttled nodes do not
+come back in step, up to THROTTLE_RETRIES times; only then does the pass fail and the
+reconcile backoff above take over. Retrying the one request keeps what the pass did
+so far: failing the pass would re-LIST and resend every slice.
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ BACKOFF_CAP = 30.0
 RESYNC_SECONDS = 300.0
 WATCH_SECONDS = 240
 STANDBY_RECHECK_SECONDS = 5.0  # how soon a standing-by instance notices the newer one gone
+# 429s in a row on one request before the pass gives up (with APF's Retry-After of 1, waits
+# of at least 1, 1, 2, 4, 8, 16, 30, 30 s, each stretched by up to 2x: a throttled node keeps
+# trying for 1.5 to 3 minutes before the run loop's backoff takes over).
+THROTTLE_RETRIES = 8
 
 
 @dataclass
@@ -67,6 +80,9 @@ class PublishStats:
     published: bool = False  # the first complete publish is done (readiness)
     deferred: int = 0  # writes left to a newer instance
     lists: int = 0  # LISTs a reconcile made (none while the watch keeps the copy)
+    throttled: int = 0  # 429s answered to a reconcile's requests (each then sent again)
+    throttle_wait: float = 0.0  # seconds waited before sending them again, in all
+    throttle_wait_max: float = 0.0  # the longest of those waits
 
 
 def _uses(obj: dict | None, device_field: str, spec_field: str | None = None) -> bool:
@@ -192,19 +208,45 @@ class Publisher:
         if self.node_uid is not None:
             return
         try:
-            node = self.kube.request("GET", f"/api/v1/nodes/{self.node}")
+            node = self._request("GET", f"/api/v1/nodes/{self.node}")
             self.node_uid = node["metadata"]["uid"]
         except ApiError as err:
             # Slices still work without the owner reference; garbage collection of a
             # deleted node's slices is what we lose, so keep trying on later passes.
             self.log.warning("node_lookup_failed", error=str(err))
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """kube.request, sent again after a 429 (see the module's docstring)."""
+        for attempt in range(1, THROTTLE_RETRIES + 2):
+            try:
+                return self.kube.request(method, path, **kwargs)
+            except ApiError as err:
+                if err.status != 429 or attempt > THROTTLE_RETRIES:
+                    raise
+                delay = self.throttle_delay(err.retry_after, attempt)
+                self.stats.throttled += 1
+                self.stats.throttle_wait += delay
+                self.stats.throttle_wait_max = max(self.stats.throttle_wait_max, delay)
+                self.log.info("publish_throttled", method=method, path=path, attempt=attempt,
+                              retry_after=err.retry_after, retry_in=round(delay, 2))
+                if self._stop.wait(delay):
+                    raise
+        raise AssertionError("unreachable")
+
+    def throttle_delay(self, retry_after: float | None, attempt: int) -> float:
+        """How long to wait before the `attempt`th resend: never sooner than the server
+        asked, doubling from BACKOFF_BASE per attempt, then spread over up to twice that
+        (the nodes a full queue turned away at one moment come back over a second or more,
+        not all at once after exactly Retry-After)."""
+        floor = max(retry_after or 0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+        return floor * self._rng.uniform(1.0, 2.0)
+
     def _ours(self, obj: dict) -> bool:
         spec = obj.get("spec") or {}
         return spec.get("driver") == self.driver and spec.get("nodeName") == self.node
 
     def _list(self) -> tuple[list[dict], str | None]:
-        listing = self.kube.request("GET", self._base(), query=self._selector()) or {}
+        listing = self._request("GET", self._base(), query=self._selector()) or {}
         version = (listing.get("metadata") or {}).get("resourceVersion")
         return [s for s in listing.get("items") or [] if self._ours(s)], version
 
@@ -317,10 +359,10 @@ class Publisher:
     def _put(self, obj: dict, have: dict | None) -> int:
         name = obj["metadata"]["name"]
         if have is None:
-            stored = self.kube.request("POST", self._base(), body=obj)
+            stored = self._request("POST", self._base(), body=obj)
             self.log.debug("slice_created", slice=name)
         else:
-            stored = self.kube.request("PUT", f"{self._base()}/{name}", body=_updated(have, obj))
+            stored = self._request("PUT", f"{self._base()}/{name}", body=_updated(have, obj))
             self.log.debug("slice_updated", slice=name)
         # Fields of a disabled feature gate are dropped by the server without an error:
         # stop sending them rather than rewriting the slice forever.
@@ -350,7 +392,7 @@ class Publisher:
         options = {"apiVersion": "v1", "kind": "DeleteOptions",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         try:
-            self.kube.request("DELETE", f"{self._base()}/{name}", body=options)
+            self._request("DELETE", f"{self._base()}/{name}", body=options)
         except NotFound:
             self.cache.removed(have)
             return 0
@@ -393,6 +435,7 @@ class Publisher:
                         self.metrics.publish_failures.inc()
                     delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
                     delay *= self._rng.uniform(0.5, 1.0)  # jitter: nodes must not retry in step
+                    delay = max(delay, getattr(err, "retry_after", None) or 0.0)  # never before the server asked
                     log = self.log.warning if isinstance(err, ApiError) else self.log.error
                     log("publish_failed", error=str(err) or repr(err), retry_in=round(delay, 2),
                         attempt=failures)
@@ -436,6 +479,7 @@ class Publisher:
                 failures += 1
                 self.cache.invalidate()
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** failures) * self._rng.uniform(0.5, 1.0)
+                delay = max(delay, getattr(err, "retry_after", None) or 0.0)
                 if isinstance(err, ApiError):
                     self.log.debug("slice_watch_failed", error=str(err), retry_in=round(delay, 2))
                 else:

@@ -56,6 +56,9 @@ class Fault:
     # Close the connection without an answer: a server or proxy that closed an idle
     # keep-alive connection just as the client sent a request on it.
     drop: bool = False
+    # A Retry-After header on the error (seconds), as API Priority and Fairness sends with
+    # its 429s ("1"). The emulator never throttles by itself: only an injected fault does.
+    retry_after: str = ""
     # Requests inside this fault's delay now, and the most at once (how parallel a client is).
     held: int = 0
     peak: int = 0
@@ -360,10 +363,13 @@ class _Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             self.state.connections += 1
 
-    def _send(self, status: int, body: dict | None = None, body_delay: float = 0.0) -> None:
+    def _send(self, status: int, body: dict | None = None, body_delay: float = 0.0,
+              headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         # As Go's net/http (the API server sets no length): a body that does not fit its
         # 2 KiB buffer goes chunked, a smaller one with its length.
         chunked = len(data) > GO_CHUNKING_BYTES
@@ -390,9 +396,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True  # silently: no "Connection: close" was sent
 
-    def _status(self, code: int, message: str, reason: str = "", body_delay: float = 0.0) -> None:
+    def _status(self, code: int, message: str, reason: str = "", body_delay: float = 0.0,
+                headers: dict[str, str] | None = None) -> None:
         self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                          "message": message, "reason": reason, "code": code}, body_delay)
+                          "message": message, "reason": reason, "code": code}, body_delay, headers)
 
     def _page(self, code: int, page: str) -> None:
         data = page.encode()
@@ -439,7 +446,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._page(fault.status, fault.page)
             return True
         if fault.status:
-            self._status(fault.status, f"injected fault {fault.status}", body_delay=fault.body_delay)
+            self._status(fault.status, f"injected fault {fault.status}", body_delay=fault.body_delay,
+                         headers={"Retry-After": fault.retry_after} if fault.retry_after else None)
             return True
         return False
 
