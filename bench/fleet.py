@@ -3,6 +3,7 @@ hack/local-cluster (issue 42): what our ResourceSlices cost the cluster, beside 
 simplest shape a GPU driver publishes, in one run per node count.
 
     python -m bench fleet [--nodes 100,500] [--pods 200] [--shapes baseline,mixed,...]
+                          [--credentials admin|driver|admin,driver] [--concurrency 8|all] [--publish-only]
 
 For each N: the local cluster comes up (it takes the cluster lock), kwok keeps N fake nodes
 Ready (hack/local-cluster's Cluster.add_fake_nodes), and then, shape by shape:
@@ -20,6 +21,18 @@ Ready (hack/local-cluster's Cluster.add_fake_nodes), and then, shape by shape:
    scheduler_scheduling_attempt_duration_seconds (a fresh process, so only these pods);
 5. the slices are deleted before the next shape.
 
+`--credentials driver` publishes as the fleet's DaemonSet would: the chart is installed
+(its ServiceAccount, RBAC and own-node admission policy; its DaemonSet on no node) and
+every fake node's publisher has its own client with a token of the chart's ServiceAccount
+bound to that Node object, so API Priority and Fairness classifies the requests as a real
+fleet's (no FlowSchema in the chart: `service-accounts`, priority level workload-low), and
+the admission policy checks each node writes only its own slices. `--concurrency all`
+starts every node's publisher at the same moment (the worst start-up herd: a fleet's
+pods start over seconds). The publish figures then add the 429s the server answered and
+the publishers' resends (Publisher's Retry-After handling), the APF counters of the
+priority level the requests landed in, and the peak of its queue sampled during the
+publish. `--publish-only` skips the idle window, explain and the workloads.
+
 The baseline is what upstream's example driver publishes: 8 GPUs a node with four
 attributes and a memory capacity, no counters, in one slice. Each of our figures is printed
 as a ratio to the baseline's whole-GPU figure of the same run. Needs root, a built
@@ -32,10 +45,12 @@ import argparse
 import json
 import os
 import platform
+import random
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +66,8 @@ BASELINE_DRIVER = "gpu.example.com"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SCHEDULER_QPS = 5000
 PUBLISH_WORKERS = 8
+CREDENTIALS = ("admin", "driver")
+APF_SAMPLE_SECONDS = 0.25  # how often the API server's APF gauges are read during a publish
 
 
 # -- shapes: what each fake node publishes ------------------------------------------------
@@ -98,6 +115,8 @@ def mock_inventory(shape: Shape):
 
 
 def publisher_for(kube, shape: Shape, node: str, inventory):
+    # A Publisher per node, each with its own retry state: nodes turned away by APF wait
+    # and resend as the driver does (Publisher._request), not as the bench would.
     from driver.publish import slices
     from driver.publish.publisher import Publisher
 
@@ -184,6 +203,148 @@ def quantile(samples, name: str, q: float, **match: str) -> float | None:
     return les[-1]
 
 
+def delta(after, before) -> list[tuple[str, dict[str, str], float]]:
+    """Counter and histogram samples of `after` less those of `before` (same name and labels)."""
+    was = {(n, tuple(sorted(labels.items()))): v for n, labels, v in before}
+    return [(n, labels, v - was.get((n, tuple(sorted(labels.items()))), 0.0)) for n, labels, v in after]
+
+
+def apf_figures(before, after, peaks: dict[str, float]) -> dict:
+    """Where the publish's requests landed in API Priority and Fairness and what it did to
+    them: the (flow schema, priority level) that dispatched the most requests in the window
+    (ours: nothing else runs then but the cluster's own components, which are exempt or in
+    other levels), its rejections by reason, its wait in queue (p99) and the queue's peak."""
+    d = delta(after, before)
+    dispatched: dict[tuple[str, str], float] = {}
+    for n, labels, v in d:
+        if n == "apiserver_flowcontrol_dispatched_requests_total" and v > 0:
+            key = (labels.get("flow_schema", ""), labels.get("priority_level", ""))
+            dispatched[key] = dispatched.get(key, 0.0) + v
+    if not dispatched:
+        return {}
+    (schema, level), count = max(dispatched.items(), key=lambda kv: kv[1])
+    rejected = {labels.get("reason", ""): v for n, labels, v in d
+                if n == "apiserver_flowcontrol_rejected_requests_total" and v > 0
+                and labels.get("priority_level") == level}
+    wait = quantile(d, "apiserver_flowcontrol_request_wait_duration_seconds", 0.99,
+                    priority_level=level, execute="true")
+    return {"flow_schema": schema, "priority_level": level, "dispatched": count,
+            "rejected": rejected, "rejected_all_levels": total(d, "apiserver_flowcontrol_rejected_requests_total"),
+            "wait_p99_ms": 1000 * (wait or 0.0),
+            "inqueue_peak": peaks.get(f"inqueue/{level}", 0.0), "executing_peak": peaks.get(f"executing/{level}", 0.0),
+            "seats_peak": peaks.get(f"seats/{level}", 0.0),
+            "seats_limit": total(after, "apiserver_flowcontrol_nominal_limit_seats", priority_level=level),
+            "seats_limit_now": total(after, "apiserver_flowcontrol_current_limit_seats", priority_level=level),
+            "others": {f"{k[0]}/{k[1]}": v for k, v in dispatched.items() if k != (schema, level)}}
+
+
+class ApfSampler:
+    """Reads the API server's APF gauges every APF_SAMPLE_SECONDS while a publish runs and
+    keeps each priority level's peak of requests in queue and executing (the gauges
+    alone; the rest of /metrics is not parsed, so the sampling takes little of the CPU the
+    publishers need)."""
+
+    GAUGES = {"apiserver_flowcontrol_current_inqueue_requests": "inqueue",
+              "apiserver_flowcontrol_current_executing_requests": "executing",
+              # requests occupy seats by their width (a LIST of many objects up to 10,
+              # a write one plus its watchers' share): what the level's limit counts
+              "apiserver_flowcontrol_current_executing_seats": "seats"}
+
+    def __init__(self, fetch: Callable[[], str]) -> None:
+        self.fetch, self.peaks = fetch, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="apf-sampler", daemon=True)
+
+    def __enter__(self) -> "ApfSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(APF_SAMPLE_SECONDS):
+            try:
+                text = self.fetch()
+            except OSError:
+                continue
+            lines = "\n".join(line for line in text.splitlines()
+                               if line.split("{", 1)[0] in self.GAUGES)
+            now: dict[str, float] = {}
+            for name, labels, v in parse_metrics(lines):
+                key = f"{self.GAUGES[name]}/{labels.get('priority_level', '')}"
+                now[key] = now.get(key, 0.0) + v  # summed over the level's flow schemas
+            for key, v in now.items():
+                self.peaks[key] = max(self.peaks.get(key, 0.0), v)
+
+
+class DriverCredentials:
+    """The chart installed (ServiceAccount, RBAC, admission policies; its DaemonSet on no
+    node) and, per fake node, a client with a token of the chart's ServiceAccount bound to
+    that Node: the identity a DaemonSet pod on that node has.
+
+    Bound to the Node rather than to a pod: a pod-bound token needs the pod, and a
+    DaemonSet's pods on kwok's nodes would be N more objects and watches with nothing to
+    run. What the server does with the request is the same either way: the user is the
+    ServiceAccount (which is what APF's `service-accounts` FlowSchema matches and
+    distinguishes flows by), and the token carries the node's name, which the chart's
+    own-node policy checks on every slice write (tests/cluster/driverhost.py's `token`
+    makes the same choice for the host-process driver)."""
+
+    def __init__(self, cluster, scratch: Path) -> None:
+        sys.path.insert(0, str(REPO))
+        from tests.cluster.driverhost import NAMESPACE, install, service_account
+
+        objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
+                                    "mock": {"enabled": True}})
+        self.cluster, self.scratch = cluster, scratch
+        self.namespace, self.account = NAMESPACE, service_account(objects)
+        self.user = f"system:serviceaccount:{NAMESPACE}:{self.account}"
+
+    def token(self, node: str, uid: str, seconds: int = 7200) -> str:
+        code, body = self.cluster.api(
+            "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{self.account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": seconds,
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}}})
+        if code != 201:
+            raise RuntimeError(f"TokenRequest for node {node}: {code} {body.get('message', body)}")
+        return body["status"]["token"]
+
+    def kubes(self, nodes: list[str]) -> dict[str, object]:
+        """A client per node (its own connection, as each node's driver has)."""
+        from driver.kube.client import Kube
+
+        import local_cluster
+
+        code, listing = self.cluster.api(
+            "GET", f"/api/v1/nodes?labelSelector={local_cluster.FAKE_NODE_LABEL}%3D{local_cluster.FAKE_NODE_VALUE}",
+            timeout=120)
+        uids = {n["metadata"]["name"]: n["metadata"]["uid"] for n in listing.get("items") or []}
+
+        def one(node: str):
+            d = self.scratch / node
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "token").write_text(self.token(node, uids[node]))
+            (d / "kubeconfig").write_text(json.dumps({
+                "apiVersion": "v1", "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": self.cluster.server,
+                                                       "certificate-authority": str(self.cluster.pki / "ca.crt")}}],
+                "users": [{"name": "u", "user": {"tokenFile": str(d / "token")}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c"}))
+            kube = Kube.deferred(d / "kubeconfig", connections=2)
+            # Made now, not by the first request inside the timed publish: 1,000 clients
+            # (kubeconfig, TLS context) cost ~25 ms of this one process's CPU each on 2
+            # loaded cores, which each node's driver spends on its own CPU.
+            kube.connect()
+            return node, kube
+
+        with ThreadPoolExecutor(PUBLISH_WORKERS) as pool:
+            return dict(pool.map(one, nodes))
+
+
 # -- the run --------------------------------------------------------------------------------
 
 @dataclass
@@ -197,6 +358,13 @@ class Figures:
     writes: float = 0.0
     request_bytes: float = 0.0
     throttled: float = 0.0  # 429s
+    credentials: str = "admin"
+    concurrency: int = PUBLISH_WORKERS
+    resends: int = 0  # requests the publishers sent again after a 429
+    longest_wait_s: float = 0.0  # the longest wait before one of those
+    failed_passes: int = 0  # reconciles that failed (retried after the run loop's backoff)
+    without_owner: int = 0  # nodes whose GET node failed: slices published without their owner reference
+    apf: dict = field(default_factory=dict)  # priority level, rejected, dispatched, queue peak
     etcd_growth: float = 0.0
     idle_writes: float = 0.0
     explain_s: float = 0.0
@@ -205,17 +373,51 @@ class Figures:
 
 
 class Fleet:
-    def __init__(self, cluster, nodes: list[str], pods: int) -> None:
+    def __init__(self, cluster, nodes: list[str], pods: int, credentials: str = "admin",
+                 concurrency: int = PUBLISH_WORKERS) -> None:
         from driver.kube.client import Kube
 
         self.c, self.nodes, self.pods = cluster, nodes, pods
-        self.kube = Kube.deferred(cluster.admin_kubeconfig, connections=PUBLISH_WORKERS * 2)
+        self.credentials, self.concurrency = credentials, concurrency
+        self.kube = Kube.deferred(cluster.admin_kubeconfig, connections=max(PUBLISH_WORKERS * 2, concurrency))
+        self.node_kubes: dict[str, object] = {}
+        if credentials == "driver":
+            t0 = time.monotonic()
+            self._scratch = tempfile.TemporaryDirectory(prefix="dra-fleet-tokens-")
+            creds = DriverCredentials(cluster, Path(self._scratch.name))
+            self.node_kubes = creds.kubes(nodes)
+            print(f"  chart installed, {len(nodes)} node-bound tokens of {creds.user} in "
+                  f"{time.monotonic() - t0:.0f}s", flush=True)
         self.scheduler_port: int | None = None
 
     # API server and etcd metrics
     def apiserver(self):
+        return parse_metrics(self.apiserver_text())
+
+    def apiserver_text(self) -> str:
         code, body = self.c.api("GET", "/metrics", timeout=60)
-        return parse_metrics(body.get("raw", "")) if code == 200 else []
+        if code != 200:
+            raise OSError(f"GET /metrics: {code}")
+        return body.get("raw", "")
+
+    def _reconcile(self, publisher, fig: Figures, lock: threading.Lock) -> int:
+        """One node's first publish as its driver's run loop makes it: a failed pass (a
+        request throttled past Publisher's resends, say) is retried after the loop's
+        backoff, never before the server's Retry-After."""
+        from driver.kube.client import ApiError
+        from driver.publish.publisher import BACKOFF_BASE, BACKOFF_CAP
+
+        rng = random.Random()
+        for failures in range(1, 9):
+            try:
+                return publisher.reconcile()
+            except ApiError as err:
+                with lock:
+                    fig.failed_passes += 1
+                delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1)) * rng.uniform(0.5, 1.0)
+                # getattr: the same bench runs the publisher of before Retry-After was read
+                time.sleep(max(delay, getattr(err, "retry_after", None) or 0.0))
+        return publisher.reconcile()
 
     def etcd_size(self) -> float:
         try:
@@ -240,15 +442,25 @@ class Fleet:
                              sharing=shape.sharing, layout=slices.SPLIT)
         fig.slices_per_node = len(built)
         fig.bytes_per_node = len(json.dumps(built))
-        publishers = [publisher_for(self.kube, shape, n, inventory) for n in self.nodes]
-        before, etcd0 = self.slice_counts(self.apiserver()), self.etcd_size()
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(PUBLISH_WORKERS) as pool:
-            list(pool.map(lambda p: p.reconcile(), publishers))
-        fig.publish_s = time.monotonic() - t0
-        after = self.slice_counts(self.apiserver())
+        publishers = [publisher_for(self.node_kubes.get(n, self.kube), shape, n, inventory) for n in self.nodes]
+        fig.credentials, fig.concurrency = self.credentials, self.concurrency
+        samples0, etcd0 = self.apiserver(), self.etcd_size()
+        before = self.slice_counts(samples0)
+        lock = threading.Lock()
+        with ApfSampler(self.apiserver_text) as sampler:
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(self.concurrency) as pool:
+                list(pool.map(lambda p: self._reconcile(p, fig, lock), publishers))
+            fig.publish_s = time.monotonic() - t0
+        samples1 = self.apiserver()
+        after = self.slice_counts(samples1)
         fig.requests, fig.writes, fig.request_bytes, fig.throttled = (a - b for a, b in zip(after, before))
         fig.etcd_growth = self.etcd_size() - etcd0
+        fig.resends = sum(getattr(p.stats, "throttled", 0) for p in publishers)
+        fig.longest_wait_s = max((getattr(p.stats, "throttle_wait_max", 0.0) for p in publishers), default=0.0)
+        fig.apf = apf_figures(samples0, samples1, sampler.peaks)
+        # their next pass rewrites every slice to add it: writes the start-up owes
+        fig.without_owner = sum(p.node_uid is None for p in publishers)
         return publishers
 
     def idle(self, publishers: list, seconds: float, fig: Figures) -> None:
@@ -361,7 +573,11 @@ class Fleet:
             time.sleep(1)
 
 
-def run_one(n: int, shapes: list[Shape], pods: int, idle_seconds: float) -> list[Figures]:
+def run_one(n: int, shapes: list[Shape], pods: int, idle_seconds: float, credentials: str = "admin",
+            concurrency: int | None = PUBLISH_WORKERS, publish_only: bool = False) -> list[Figures]:
+    """One N. concurrency None: every node's publisher at once. credentials: "admin",
+    "driver", or (publish only) both, "admin,driver": each shape published by each in turn
+    on the same cluster, for a comparison within one run."""
     lc = _local_cluster()
     c = lc.Cluster()
     t0 = time.monotonic()
@@ -374,16 +590,27 @@ def run_one(n: int, shapes: list[Shape], pods: int, idle_seconds: float) -> list
         # At most one pod per node: the mixed profile has 2 GPUs a node, so this fills half
         # of them, and every shape meets the same pods on the same nodes (a fuller fleet
         # costs more per pod; that would be measuring the fill, not the shape).
-        fleet = Fleet(c, nodes, min(pods, n))
+        fleets = [Fleet(c, nodes, min(pods, n), who, concurrency or n) for who in credentials.split(",")]
         results = []
         for shape in shapes:
-            fig = Figures(shape.name, n)
             for obj in device_classes(shape):
                 c.api("POST", "/apis/resource.k8s.io/v1/deviceclasses", obj)
             inventory = baseline_inventory() if shape.profile is None else mock_inventory(shape)
-            publishers = fleet.publish(shape, inventory, fig)
-            print(f"  {shape.name}: published {fig.slices_per_node} slices/node in {fig.publish_s:.1f}s "
-                  f"({fig.writes:.0f} writes, {fig.throttled:.0f} 429s)", flush=True)
+            for fleet in fleets:
+                fig = Figures(shape.name, n)
+                publishers = fleet.publish(shape, inventory, fig)
+                print(f"  {shape.name}: published {fig.slices_per_node} slices/node in {fig.publish_s:.1f}s "
+                      f"({fig.writes:.0f} writes, {fig.throttled:.0f} 429s; as {fleet.credentials}, "
+                      f"{fleet.concurrency} at once: {fig.resends} resends, longest wait {fig.longest_wait_s:.1f}s, "
+                      f"{fig.failed_passes} failed passes, {fig.without_owner} nodes' slices without "
+                      f"their owner reference)", flush=True)
+                print(f"  {shape.name}: APF {json.dumps(fig.apf)}", flush=True)
+                if publish_only:
+                    fleet.unpublish(shape)
+                    results.append(fig)
+            if publish_only:
+                continue
+            (fleet,) = fleets
             fleet.idle(publishers, idle_seconds, fig)
             fleet.explain(shape, fig, namespace)
             # each figure as soon as it is measured: a run cut short still tells them
@@ -414,6 +641,16 @@ def print_table(figs: list[Figures]) -> None:
         print(f"{f.shape:<20} {f.slices_per_node:>11} {f.bytes_per_node / 1024:>9.1f} {f.publish_s:>9.1f} "
               f"{f.requests:>8.0f} {f.writes:>7.0f} {f.request_bytes / 2**20:>8.1f} {f.throttled:>5.0f} "
               f"{f.etcd_growth / 2**20:>8.1f} {f.idle_writes:>11.0f} {f.explain_s:>9.2f}")
+    print(f"{'shape (start-up publish)':<24} {'as':>6} {'at once':>7} {'resends':>7} {'longest wait s':>14} "
+          f"{'failed passes':>13} {'APF level':>14} {'rejected':>8} {'queue peak':>10} {'executing peak':>14} "
+          f"{'seats peak/limit':>16} {'wait p99 ms':>11}")
+    for f in figs:
+        a = f.apf or {}
+        print(f"{f.shape:<24} {f.credentials:>6} {f.concurrency:>7} {f.resends:>7} {f.longest_wait_s:>14.1f} "
+              f"{f.failed_passes:>13} {a.get('priority_level', '?'):>14} {a.get('rejected_all_levels', 0):>8.0f} "
+              f"{a.get('inqueue_peak', 0):>10.0f} {a.get('executing_peak', 0):>14.0f} "
+              f"{'%.0f/%.0f' % (a.get('seats_peak', 0), a.get('seats_limit_now') or a.get('seats_limit', 0)):>16} "
+              f"{a.get('wait_p99_ms', 0):>11.1f}")
     print(f"{'shape/workload':<30} {'pods/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99 ratio':>9} "
           f"{'algo p50':>8} {'algo p99':>8} {'ratio':>6} {'placed':>7}")
     for f in figs:
@@ -434,7 +671,27 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"of {','.join(SHAPES)} (baseline always runs first)")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="the idle window (default: 20)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--credentials", default="admin",
+                        help="publish as the admin (system:masters, exempt from API Priority and Fairness; "
+                             "the default) or as the driver: the chart's ServiceAccount, a node-bound token per "
+                             "node; with --publish-only also 'admin,driver' (both in turn, same cluster)")
+    parser.add_argument("--concurrency", default=str(PUBLISH_WORKERS),
+                        help=f"node publishers running at once, or 'all' (every node at the same moment) "
+                             f"(default: {PUBLISH_WORKERS})")
+    parser.add_argument("--publish-only", action="store_true",
+                        help="only the start-up publish of each shape: no idle window, explain or workloads")
     args = parser.parse_args(argv)
+    who = args.credentials.split(",")
+    if not who or any(w not in CREDENTIALS for w in who) or len(set(who)) != len(who):
+        parser.error(f"--credentials {args.credentials}: admin, driver, or admin,driver")
+    if len(who) > 1 and not args.publish_only:
+        parser.error(f"--credentials {args.credentials}: both in one run only with --publish-only")
+    if args.concurrency == "all":
+        concurrency = None
+    elif args.concurrency.isdigit() and int(args.concurrency) > 0:
+        concurrency = int(args.concurrency)
+    else:
+        parser.error(f"--concurrency {args.concurrency}: a positive number of publishers, or 'all'")
     try:
         counts = [int(x) for x in args.nodes.split(",") if x]
     except ValueError:
@@ -451,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     everything = []
     for n in counts:
         try:
-            figs = run_one(n, [SHAPES[s] for s in names], args.pods, args.idle_seconds)
+            figs = run_one(n, [SHAPES[s] for s in names], args.pods, args.idle_seconds, args.credentials,
+                           concurrency, args.publish_only)
         except Exception as err:  # the local cluster's ClusterError (not built, not root, ...)
             if type(err).__name__ != "ClusterError":
                 raise

@@ -47,3 +47,33 @@ def test_histogram_quantiles_interpolate_within_the_bucket():
     # past the last finite bucket: its bound, as histogram_quantile answers
     assert quantile(samples, "x_seconds", 0.99, result="scheduled") == pytest.approx(0.1)
     assert quantile(samples, "x_seconds", 0.5, result="missing") is None
+
+
+def test_apf_figures_name_the_level_our_publish_landed_in_and_its_rejections():
+    """The window's APF counters (after less before): the flow schema and priority level
+    that dispatched the most requests, its rejections by reason, the peaks sampled."""
+    from bench.fleet import apf_figures
+
+    def text(ours: int, exempt: int, rejected: int, waited: int) -> str:
+        return "\n".join([
+            'apiserver_flowcontrol_dispatched_requests_total{flow_schema="service-accounts",priority_level="workload-low"} '
+            f'{ours}',
+            f'apiserver_flowcontrol_dispatched_requests_total{{flow_schema="exempt",priority_level="exempt"}} {exempt}',
+            'apiserver_flowcontrol_rejected_requests_total{flow_schema="service-accounts",priority_level="workload-low",'
+            f'reason="queue-full"}} {rejected}',
+            'apiserver_flowcontrol_rejected_requests_total{flow_schema="global-default",priority_level="global-default",'
+            'reason="time-out"} 5',
+            'apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",'
+            f'priority_level="workload-low",le="0.1"}} {waited}',
+            'apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",'
+            f'priority_level="workload-low",le="+Inf"}} {waited}',
+            'apiserver_flowcontrol_nominal_limit_seats{priority_level="workload-low"} 245',
+        ])
+
+    before = parse_metrics(text(10, 400, 2, 10))
+    after = parse_metrics(text(310, 450, 9, 310))
+    apf = apf_figures(before, after, {"inqueue/workload-low": 42.0, "executing/workload-low": 7.0})
+    assert (apf["flow_schema"], apf["priority_level"], apf["dispatched"]) == ("service-accounts", "workload-low", 300)
+    assert apf["rejected"] == {"queue-full": 7} and apf["rejected_all_levels"] == 7
+    assert (apf["inqueue_peak"], apf["executing_peak"], apf["seats_limit"]) == (42.0, 7.0, 245)
+    assert apf["others"] == {"exempt/exempt": 50} and 0 < apf["wait_p99_ms"] <= 100
