@@ -13,8 +13,12 @@ unprepare (`StatusWriter.publish`); the `Idle` condition from the utilization mo
 (driver/prepare/idlestatus.py), as an overlay applied to every state written for that
 device until it is cleared. Ready keeps its lastTransitionTime when only Idle changes.
 
-Writes run on a thread of their own, off the prepare path: a prepare never waits for one
-and never fails because of one. A new state is written 0.2 s after it is known; a newer
+Writes run on threads of their own, off the prepare path: a prepare never waits for one
+and never fails because of one. Up to WRITERS claims are written at once (one claim's
+states one after another, in order): a node's burst of pods (64 one-claim prepares) was
+64 applies in a row on one thread and one connection, ~5 ms each against a real
+kube-apiserver, so the last claim's status landed ~0.35 s after the first
+(bench/RESULTS.md, issue 42 item 5). A new state is written 0.2 s after it is known; a newer
 one within that time replaces it (a claim prepared and unprepared at once costs one write). A failed write is retried with backoff (0.5 s doubling to
 30 s, given up after 10 tries: the next prepare or unprepare of the claim writes again) and
 counted; a newer state of the claim replaces a pending one, and the state last written is
@@ -45,6 +49,11 @@ FIRST_RETRY, MAX_RETRY, MAX_ATTEMPTS = 0.5, 30.0, 10
 # A new state waits this long before it is written: it then runs beside the next kubelet
 # calls rather than on their heels, and a claim unprepared within it is written once.
 DELAY = 0.2
+# Claims written at once (threads, each on a kept-alive connection of the client's pool,
+# which holds --claim-workers + 4). A write is mostly waiting for the API server; more
+# would only queue there on a small control plane, and each thread is one more taking
+# the interpreter lock from the event loop.
+WRITERS = 8
 
 
 @dataclass(frozen=True)
@@ -163,8 +172,9 @@ class StatusWriter:
     overlays: list[Overlay] = field(default_factory=list)
     # uid -> (pool, device, share) -> (ready, reason, time): Ready's lastTransitionTime
     _times: dict[str, dict[tuple, tuple[bool, str, str]]] = field(default_factory=dict)
+    writers: int = WRITERS
     _cv: threading.Condition = field(default_factory=threading.Condition)
-    _thread: threading.Thread | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
     _stopped: bool = False
     _busy: int = 0
 
@@ -184,9 +194,12 @@ class StatusWriter:
                 return
             due = pending.due if pending is not None and pending.attempt == 0 else self.clock() + DELAY
             self._pending[ref.uid] = _Pending(ref, list(devices), 0, due)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
-                self._thread.start()
+            # one more thread while there are claims for it (made once, kept)
+            if len(self._threads) < min(self.writers, len(self._pending) + self._busy):
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"claim-status-{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
             self._cv.notify()
 
     def current(self, uid: str) -> list[DeviceStatus] | None:
@@ -235,17 +248,19 @@ class StatusWriter:
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
 
     def _run(self) -> None:
         while True:
             with self._cv:
                 while not self._stopped:
-                    due = [p for p in self._pending.values() if p.due <= self.clock()]
+                    # a claim being written waits for that write: its states land in order
+                    ready = [p for p in self._pending.values() if p.ref.uid not in self._writing]
+                    due = [p for p in ready if p.due <= self.clock()]
                     if due:
                         break
-                    wait = min((p.due for p in self._pending.values()), default=self.clock() + 1) - self.clock()
+                    wait = min((p.due for p in ready), default=self.clock() + 1) - self.clock()
                     self._cv.wait(max(wait, 0.01))
                 if self._stopped:
                     return
