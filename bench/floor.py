@@ -3,20 +3,26 @@ same run on the same machine."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import statistics
 import tempfile
 import time
+import urllib.parse
 import uuid
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from bench.harness import new_claim
+from bench.harness import DRIVER, new_claim
 from bench.table import Table
 from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.kube.client import Kube, api_client
+from driver.kube.asyncclient import _connect, _response
+from driver.kube.client import USER_AGENT, Kube, api_client
+from driver.prepare.claimstatus import APPLY
 from driver.sim.apiserver import ApiServer
 from driver.state import atomic
 
@@ -112,3 +118,91 @@ class Floor:
     def close(self) -> None:
         self.channel.close()
         self.server.stop(0)
+
+
+@dataclass(frozen=True)
+class BurstClaim:
+    namespace: str
+    name: str
+    uid: str
+
+
+class BurstFloor:
+    """What a node's burst of one-claim prepares cannot avoid against an API server: for
+    each claim the driver's claim GET and its status apply (server-side apply of
+    `status.devices`, the driver's field manager, the body the driver sends), with the
+    driver's credentials, every claim at once, each on a kept-alive connection of its own,
+    as `clients` goroutines of a Go client would do them. No driver, no gRPC, no files:
+    the API work alone, from an event loop (Python threads would spend the cores the
+    server needs on the interpreter lock).
+
+    The connections are opened (TLS included) before a burst, as the driver's are warm
+    after its first claims."""
+
+    def __init__(self, kubeconfig: Path, clients: int = 64) -> None:
+        self.kube = Kube(api_client(kubeconfig))
+        self.client = self.kube.ensure_client("GET", "/")
+        self.clients = clients
+        self.loop = asyncio.new_event_loop()
+        self._idle: list = []
+
+    async def _connection(self):
+        if self._idle:
+            return self._idle.pop()
+        return await _connect(self.client, self.kube.timeout)
+
+    async def _request(self, connection, method: str, path: str, body: bytes = b"",
+                       content_type: str = "") -> tuple[int, bytes]:
+        host = urllib.parse.urlsplit(self.client.config.server).netloc
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"User-Agent: {USER_AGENT}",
+                 "Accept: application/json"]
+        lines += [f"{k}: {v}" for k, v in self.client.config.headers().items()]
+        if body:
+            lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+        connection.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        status, _, answer, reusable = await _response(connection.reader)
+        if not reusable:
+            raise RuntimeError(f"{method} {path}: the server closed the connection")
+        return status, answer
+
+    async def _one(self, claim: BurstClaim, body: bytes, started: float) -> float:
+        connection = await self._connection()
+        base = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        status, answer = await self._request(connection, "GET", base)
+        if status != 200:
+            raise RuntimeError(f"GET {base}: {status} {answer[:200]!r}")
+        # the driver reads the claim before it writes; so does the floor
+        if json.loads(answer)["metadata"]["uid"] != claim.uid:
+            raise RuntimeError(f"GET {base}: another claim's UID")
+        path = f"{base}/status?fieldManager={DRIVER}&force=true"
+        status, answer = await self._request(connection, "PATCH", path, body, APPLY)
+        if status != 200:
+            raise RuntimeError(f"PATCH {path}: {status} {answer[:200]!r}")
+        elapsed = time.perf_counter() - started
+        self._idle.append(connection)
+        return elapsed
+
+    async def _warm(self) -> None:
+        missing = self.clients - len(self._idle)
+        self._idle += await asyncio.gather(*(_connect(self.client, self.kube.timeout) for _ in range(missing)))
+
+    async def _burst(self, claims: list[BurstClaim], bodies: list[bytes]) -> tuple[float, list[float]]:
+        await self._warm()
+        started = time.perf_counter()
+        latencies = await asyncio.gather(*(self._one(c, b, started) for c, b in zip(claims, bodies)))
+        return time.perf_counter() - started, list(latencies)
+
+    def burst(self, claims: list[BurstClaim], entries: list[dict]) -> tuple[float, list[float]]:
+        """(seconds for all, each claim's seconds from the start until its apply was
+        answered). `entries`: the claim's `status.devices` as the driver applies them."""
+        bodies = [json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                              "metadata": {"name": c.name, "namespace": c.namespace, "uid": c.uid},
+                              "status": {"devices": entries}}).encode() for c in claims]
+        return self.loop.run_until_complete(self._burst(claims, bodies))
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle = []
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()

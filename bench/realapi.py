@@ -6,7 +6,10 @@ same measurement against our API emulator (driver/sim/apiserver.py), in one run:
 What is measured, the same way on both servers: prepare p50/p99 of one claim with one
 device and its ratio to the floor (gRPC round trip + claim GET + the two writes, sampled
 between the prepares, bench/floor.py), and the throughput of 256 claims in one request
-and of 64 concurrent one-claim requests (bench/prepare.py's shapes). The driver process
+and of 64 concurrent one-claim requests (bench/prepare.py's shapes); then, against the
+real server only, bursts of 64 one-claim prepares beside the API floor of the same burst
+(the same claim GETs and status applies, no driver), in alternating rounds, with where each
+claim's time went (bench/burst.py; `--only-burst` for these alone). The driver process
 is the same (`dra-driver run --mock mixed`, the bench's fake kubelet); only the server it
 reads claims from and writes status to changes. Against the real server the driver uses
 the chart's ServiceAccount with the chart's RBAC and a node-bound token (as on a node),
@@ -35,6 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import burst as bench_burst
 from bench.floor import Floor
 from bench.harness import DRIVER, GPU, Driver, file_system, new_claim, settle, wait
 from bench.table import Table, pct
@@ -131,11 +135,16 @@ class RealApi:
 
 def real_claim(api: RealApi, device: str = GPU) -> Claim:
     """bench.harness.new_claim's claim on the real server: the same allocation (the mixed
-    node's first GPU, admin access), the UID the server gave it."""
+    node's first GPU, admin access), the UID the server gave it. The node selector is the
+    scheduler's for a node-local device: without it the claim is no node's, and the API
+    server refuses the driver's status apply (422: a node-bound ServiceAccount may write
+    `status.devices` only of claims allocated on its node; from Kubernetes 1.36)."""
     name = f"c-{uuid.uuid4().hex[:8]}"
-    uid = api.put_claim({"metadata": {"name": name}, "status": {"allocation": {"devices": {
-        "results": [{"request": "r", "driver": DRIVER, "pool": api.node, "device": device,
-                     "adminAccess": True}], "config": []}}}})
+    uid = api.put_claim({"metadata": {"name": name}, "status": {"allocation": {
+        "devices": {"results": [{"request": "r", "driver": DRIVER, "pool": api.node, "device": device,
+                                 "adminAccess": True}], "config": []},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [api.node]}]}]}}}})
     return Claim(NAMESPACE, name, uid)
 
 
@@ -148,18 +157,24 @@ class Figures:
 
 
 def measure(api, make_claim, runs: int, scratch: Path, node: str, slices: int,
-            namespace: str = "default") -> Figures:
+            namespace: str = "default", burst=None, only_burst: bool = False,
+            checkout: Path | None = None) -> Figures | None:
     """bench/prepare.py's first figures: one-claim prepare latency against the floor
     sampled between the prepares, then the batch and concurrent throughput. `namespace`:
     the driver's own (where it looks for MPS control daemon pods at start); on the real
-    server the chart's, the only one its ServiceAccount may read pods in."""
-    driver = Driver(api, "mixed", node=node, extra=["--namespace", namespace])
+    server the chart's, the only one its ServiceAccount may read pods in. `burst`: called
+    with the driver and its kubelet at the end (the burst against its floor)."""
+    driver = Driver(api, "mixed", node=node, extra=["--namespace", namespace], checkout=checkout)
     driver.start()
     try:
         kubelet: FakeKubelet = driver.kubelet()
         if not wait(lambda: len(api.state.slices) == slices, 120):
             raise RuntimeError(f"the driver published no slices: {(driver.dir / 'log').read_text()[-2000:]}")
         time.sleep(1.0)
+        if only_burst:
+            burst(driver, kubelet)
+            kubelet.close()
+            return None
         prep = []
         between = Floor(api, scratch)
         for _ in range(runs):
@@ -187,6 +202,8 @@ def measure(api, make_claim, runs: int, scratch: Path, node: str, slices: int,
         concurrent_rate = 64 / (time.perf_counter() - t)
         assert not any(r.claims[c.uid].error for c, r in zip(singles, responses)), responses
         kubelet.unprepare(singles, timeout=120)
+        if burst is not None:
+            burst(driver, kubelet)
         kubelet.close()
         return Figures(prep, floor, batch_rate, concurrent_rate)
     finally:
@@ -205,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=200,
                         help="prepares measured against each API server (the real one and the "
                              "emulator) for each figure (default: 200)")
+    parser.add_argument("--burst-rounds", type=int, default=5,
+                        help="bursts of 64 one-claim prepares against the real server, each beside "
+                             "a burst of its API floor (default: 5)")
+    parser.add_argument("--driver-checkout", type=Path, default=None, metavar="DIR",
+                        help="run the driver of this source tree against the real server (a "
+                             "before/after: e.g. `git archive HEAD | tar -x -C DIR`)")
+    parser.add_argument("--only-burst", action="store_true",
+                        help="only the bursts against the real server (no emulator, no one-claim "
+                             "latency, no batch)")
     return parser
 
 
@@ -217,15 +243,17 @@ def main() -> int:
     lc = _local_cluster()
     scratch = Path(tempfile.mkdtemp(prefix="dra-bench-real-"))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"{platform.platform()}; runs={args.runs}", flush=True)
+          f"{platform.platform()}; runs={args.runs}; driver from {args.driver_checkout or REPO}", flush=True)
     print(f"driver directories under {scratch.parent}: {file_system(scratch)}", flush=True)
     table = Table()
 
+    bursts = None
     # the emulator first, while nothing else runs
-    with ApiServer() as api:
-        api.add_node(EMULATOR_NODE)
-        emulated = measure(api, lambda: new_claim(api, node=EMULATOR_NODE), args.runs, scratch,
-                           EMULATOR_NODE, 3)
+    if not args.only_burst:
+        with ApiServer() as api:
+            api.add_node(EMULATOR_NODE)
+            emulated = measure(api, lambda: new_claim(api, node=EMULATOR_NODE), args.runs, scratch,
+                               EMULATOR_NODE, 3)
 
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one cluster per machine; the tier's runs take it too
@@ -246,19 +274,36 @@ def main() -> int:
             # needs the namespace's label
             cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true")
             real = RealApi(cluster, token(cluster, service_account(objects), lc.NODE), lc.NODE)
-            measured = measure(real, lambda: real_claim(real), args.runs, scratch, lc.NODE, 3,
-                               namespace=DRIVER_NAMESPACE)
+            make = lambda: real_claim(real)  # noqa: E731
+            servers = {name: int((cluster.root / "pids" / name).read_text())
+                       for name in ("kube-apiserver", "etcd")}
+
+            def burst(driver, kubelet) -> None:
+                nonlocal bursts
+                bursts = bench_burst.measure(real, driver, kubelet, make, real.kubeconfig(scratch / "floor"),
+                                             cluster.logs / "audit.log", servers, args.burst_rounds)
+
+            measured = measure(real, make, args.runs, scratch, lc.NODE, 3, namespace=DRIVER_NAMESPACE,
+                               burst=burst, only_burst=args.only_burst, checkout=args.driver_checkout)
         finally:
             cluster.down()
 
+    label = f"kube-apiserver {cluster.vers['KUBERNETES_VERSION']}"
+    if args.only_burst:
+        bench_burst.rows(table, label, bursts)
+        table.print()
+        bench_burst.where(bursts)
+        return 0
     rows(table, "emulator", emulated)
-    rows(table, f"kube-apiserver {cluster.vers['KUBERNETES_VERSION']}", measured)
+    rows(table, label, measured)
+    bench_burst.rows(table, label, bursts)
     e, r = statistics.median(emulated.prep), statistics.median(measured.prep)
     table.value("prepare p50: real / emulator", f"{r / e:.2f}x",
                 f"p99 {pct(measured.prep, 0.99) / pct(emulated.prep, 0.99):.2f}x")
     table.value("batch throughput: real / emulator", f"{measured.batch / emulated.batch:.2f}x",
                 f"64 concurrent: {measured.concurrent / emulated.concurrent:.2f}x")
     table.print()
+    bench_burst.where(bursts)
     return 0
 
 

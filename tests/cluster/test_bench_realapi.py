@@ -32,3 +32,41 @@ def test_the_real_api_bench_prepares_claims_read_from_the_real_server(cluster, t
     finally:
         cluster.kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=false", check=False)
         cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-", check=False)
+
+
+def test_the_burst_measures_the_driver_and_its_api_floor_on_the_real_server(cluster, tmp_path):
+    """bench.burst (issue 42 item 5), one small round of each: the driver's status applies
+    are accepted by the real server (the bench's claims were no node's, and a node-bound
+    ServiceAccount's apply of status.devices got 422 from the API server, retried with
+    backoff inside the measurement), the floor's GETs and applies too, and the audit log
+    gives every step of every claim."""
+    import local_cluster
+
+    from bench import burst
+
+    objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
+                                "mock": {"enabled": True}})
+    cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true", "--overwrite")
+    try:
+        real = RealApi(cluster, token(cluster, service_account(objects), local_cluster.NODE), local_cluster.NODE)
+        servers = {"kube-apiserver": int((cluster.root / "pids" / "kube-apiserver").read_text())}
+        found: list[burst.BurstFigures] = []
+
+        def measure_burst(driver, kubelet) -> None:
+            found.append(burst.measure(real, driver, kubelet, lambda: real_claim(real),
+                                       real.kubeconfig(tmp_path / "floor"), cluster.logs / "audit.log",
+                                       servers, rounds=1, size=8))
+
+        measure(real, lambda: real_claim(real), 1, tmp_path, local_cluster.NODE, 3,
+                namespace=DRIVER_NAMESPACE, burst=measure_burst, only_burst=True)
+        (figures,) = found
+        for rounds in (figures.answered, figures.applied, figures.floor):
+            (one,) = rounds
+            assert len(one.latencies) == 8 and 0 < max(one.latencies) <= one.seconds < 60, one
+        # a claim's status is applied after its prepare was answered
+        assert all(a >= p for a, p in zip(figures.applied[0].latencies, figures.answered[0].latencies))
+        assert len(figures.steps["apply in the API server"]) == 8
+        assert figures.cpu["driver"][0] > 0
+    finally:
+        cluster.kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=false", check=False)
+        cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-", check=False)
