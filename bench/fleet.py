@@ -367,6 +367,12 @@ class Figures:
     apf: dict = field(default_factory=dict)  # priority level, rejected, dispatched, queue peak
     etcd_growth: float = 0.0
     idle_writes: float = 0.0
+    # one attribute of one device changed on one node: that node's reconcile (a fresh
+    # publisher: it LISTs its node's slices first, as a driver does after a restart; a running
+    # driver's watch keeps that copy and skips the LIST)
+    change_requests: float = 0.0
+    change_writes: float = 0.0
+    change_bytes: float = 0.0
     explain_s: float = 0.0
     explain_rc: int = -1
     workloads: dict[str, dict] = field(default_factory=dict)
@@ -471,6 +477,25 @@ class Fleet:
             ours = sum(pool.map(lambda p: p.reconcile(), publishers))
         after = self.slice_counts(self.apiserver())
         fig.idle_writes = max(after[1] - before[1], ours)
+
+    def one_change(self, shape: Shape, inventory, fig: Figures) -> None:
+        """One attribute of one device on one node changes (as a NIC's linkState does when
+        its link drops): what that node's publisher sends, then the same to change it back."""
+        import dataclasses
+
+        device = next((d for d in inventory.devices if "linkState" in d.attributes), inventory.devices[0])
+        name = "linkState" if "linkState" in device.attributes else next(
+            k for k, v in device.attributes.items() if isinstance(v, str))
+        changed = dataclasses.replace(device, attributes={**device.attributes, name: f"{device.attributes[name]}-changed"})
+        after = type(inventory)(tuple(changed if d is device else d for d in inventory.devices),
+                                inventory.counter_sets)
+        node = self.nodes[0]
+        before = self.slice_counts(self.apiserver())
+        publisher_for(self.kube, shape, node, after).reconcile()
+        changed_counts = self.slice_counts(self.apiserver())
+        publisher_for(self.kube, shape, node, inventory).reconcile()
+        fig.change_requests, fig.change_writes, fig.change_bytes = (
+            a - b for a, b in zip(changed_counts[:3], before[:3]))
 
     def explain(self, shape: Shape, fig: Figures, namespace: str) -> None:
         name = "fleet-impossible"
@@ -619,6 +644,9 @@ def run_one(n: int, shapes: list[Shape], pods: int, idle_seconds: float, credent
                 continue
             (fleet,) = fleets
             fleet.idle(publishers, idle_seconds, fig)
+            fleet.one_change(shape, inventory, fig)
+            print(f"  {shape.name}: one device's attribute changed on one node: {fig.change_requests:.0f} "
+                  f"requests, {fig.change_writes:.0f} writes, {fig.change_bytes / 1024:.1f} KiB sent", flush=True)
             fleet.explain(shape, fig, namespace)
             # each figure as soon as it is measured: a run cut short still tells them
             print(f"  {shape.name}: {fig.requests:.0f} requests, {fig.request_bytes / 2**20:.1f} MiB sent, "
