@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bench.realapi import _local_cluster
+from bench.realapi import _local_cluster, token_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "accel.dra.io"
@@ -102,16 +102,17 @@ def baseline_inventory():
                {"memory": "80Gi"}) for i in range(8)))
 
 
-def mock_inventory(shape: Shape):
+def mock_inventory(shape: Shape, mig_profiles: frozenset[str] = frozenset()):
     """The profile's inventory through the driver's own discovery (as `dra-driver run
-    --mock PROFILE` finds it); every fake node of the shape has this one."""
+    --mock PROFILE [--mig-profiles ...]` finds it); every fake node of the shape has this one."""
     from driver.devices import mock
     from driver.devices.discovery import discover
 
     with tempfile.TemporaryDirectory(prefix="dra-fleet-") as scratch:
         node = mock.build(mock.load(shape.profile), Path(scratch) / "mock")
         s = node.sources()
-        return discover(type(s)(s.sysfs, s.proc, s.nvml, s.nic_filter, s.pci_ids, shape.mig_mode)).inventory
+        return discover(type(s)(s.sysfs, s.proc, s.nvml, s.nic_filter, s.pci_ids, shape.mig_mode,
+                                s.owned_mig, s.away_netdevs, mig_profiles)).inventory
 
 
 def publisher_for(kube, shape: Shape, node: str, inventory):
@@ -324,17 +325,8 @@ class DriverCredentials:
         uids = {n["metadata"]["name"]: n["metadata"]["uid"] for n in listing.get("items") or []}
 
         def one(node: str):
-            d = self.scratch / node
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "token").write_text(self.token(node, uids[node]))
-            (d / "kubeconfig").write_text(json.dumps({
-                "apiVersion": "v1", "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": self.cluster.server,
-                                                       "certificate-authority": str(self.cluster.pki / "ca.crt")}}],
-                "users": [{"name": "u", "user": {"tokenFile": str(d / "token")}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c"}))
-            kube = Kube.deferred(d / "kubeconfig", connections=2)
+            kubeconfig = token_kubeconfig(self.cluster, self.scratch / node, self.token(node, uids[node]))
+            kube = Kube.deferred(kubeconfig, connections=2)
             # Made now, not by the first request inside the timed publish: 1,000 clients
             # (kubeconfig, TLS context) cost ~25 ms of this one process's CPU each on 2
             # loaded cores, which each node's driver spends on its own CPU.

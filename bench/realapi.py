@@ -55,6 +55,22 @@ NAMESPACE = "default"
 EMULATOR_NODE = "bench-node"
 
 
+def token_kubeconfig(cluster, directory: Path, token: str) -> Path:
+    """A kubeconfig in `directory` for the local cluster's API server that authenticates
+    with `token` (a ServiceAccount's, as a driver pod's), from a token file beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(token)
+    path = directory / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": cluster.server,
+                                               "certificate-authority": str(cluster.pki / "ca.crt")}}],
+        "users": [{"name": "u", "user": {"tokenFile": str(directory / "token")}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c"}))
+    return path
+
+
 def _local_cluster():
     spec = importlib.util.spec_from_file_location("local_cluster", REPO / "hack" / "local-cluster" / "cluster.py")
     mod = importlib.util.module_from_spec(spec)
@@ -98,17 +114,7 @@ class RealApi:
         self.state = _RealState(self)
 
     def kubeconfig(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "token").write_text(self.token)
-        path = directory / "kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": self.cluster.server,
-                                                   "certificate-authority": str(self.cluster.pki / "ca.crt")}}],
-            "users": [{"name": "u", "user": {"tokenFile": str(directory / "token")}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c"}))
-        return path
+        return token_kubeconfig(self.cluster, directory, self.token)
 
     def put_claim(self, claim: dict) -> str:
         """Create the claim as a user would (a valid spec: each request of the allocation

@@ -145,15 +145,21 @@ func allocatedState(claims []*resourceapi.ResourceClaim) structured.AllocatedSta
 	return state
 }
 
-func allocate(ctx context.Context, req *request) answer {
+// featuresOf: the request's allocator features (the driver's clusters' by default) and a
+// CEL cache compiling for them.
+func featuresOf(req *request) (structured.Features, *cel.Cache) {
 	features := defaultFeatures
 	if req.Features != nil {
 		features = *req.Features
 	}
-	cache := cel.NewCache(10, cel.Features{
+	return features, cel.NewCache(10, cel.Features{
 		EnableConsumableCapacity: features.ConsumableCapacity,
 		EnableListTypeAttributes: features.ListTypeAttributes,
 	})
+}
+
+func allocate(ctx context.Context, req *request) answer {
+	features, cache := featuresOf(req)
 	alloc, err := structured.NewAllocator(ctx, features, allocatedState(req.Allocated),
 		classLister(req.Classes), req.Slices, cache)
 	if err != nil {
@@ -182,14 +188,7 @@ func allocate(ctx context.Context, req *request) answer {
 // bench times the allocator as the scheduler drives it for one pod: a new allocator (with
 // a warm CEL cache, as the scheduler's is), then Allocate for each node.
 func bench(ctx context.Context, req *request) answer {
-	features := defaultFeatures
-	if req.Features != nil {
-		features = *req.Features
-	}
-	cache := cel.NewCache(10, cel.Features{
-		EnableConsumableCapacity: features.ConsumableCapacity,
-		EnableListTypeAttributes: features.ListTypeAttributes,
-	})
+	features, cache := featuresOf(req)
 	state := allocatedState(req.Allocated)
 	nodes := make([]*v1.Node, len(req.Nodes))
 	for i, name := range req.Nodes {
