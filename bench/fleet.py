@@ -355,6 +355,8 @@ class Figures:
     resends: int = 0  # requests the publishers sent again after a 429
     longest_wait_s: float = 0.0  # the longest wait before one of those
     failed_passes: int = 0  # reconciles that failed (retried after the run loop's backoff)
+    # why they failed: the error's first words -> count
+    failures: dict[str, int] = field(default_factory=dict)
     without_owner: int = 0  # nodes whose GET node failed: slices published without their owner reference
     apf: dict = field(default_factory=dict)  # priority level, rejected, dispatched, queue peak
     etcd_growth: float = 0.0
@@ -412,6 +414,8 @@ class Fleet:
             except ApiError as err:
                 with lock:
                     fig.failed_passes += 1
+                    why = " ".join(str(err).split()[:12])
+                    fig.failures[why] = fig.failures.get(why, 0) + 1
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1)) * rng.uniform(0.5, 1.0)
                 # getattr: the same bench runs the publisher of before Retry-After was read
                 time.sleep(max(delay, getattr(err, "retry_after", None) or 0.0))
@@ -629,6 +633,8 @@ def run_one(n: int, shapes: list[Shape], pods: int, idle_seconds: float, credent
                       f"{fig.failed_passes} failed passes, {fig.without_owner} nodes' slices without "
                       f"their owner reference)", flush=True)
                 print(f"  {shape.name}: APF {json.dumps(fig.apf)}", flush=True)
+                for why, count in sorted(fig.failures.items(), key=lambda kv: -kv[1])[:3]:
+                    print(f"  {shape.name}: {count} passes failed: {why}", flush=True)
                 if publish_only:
                     fleet.unpublish(shape)
                     results.append(fig)

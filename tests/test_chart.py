@@ -58,7 +58,8 @@ def test_default_render_is_valid():
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # own slices; opaque configs
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # own-node pods
-        "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass"])
+        "DeviceClass", "DeviceClass", "DeviceClass", "DeviceClass",
+        "FlowSchema", "PriorityLevelConfiguration"])
     ds, c, env = container(objects)
     assert c["args"] == ["run"], "the image's ENTRYPOINT is dra-driver"
     assert ds["spec"]["template"]["spec"]["hostNetwork"] is False
@@ -160,7 +161,8 @@ def test_mock_profile_is_validated_against_the_built_in_profiles():
 
 def test_every_name_starts_with_the_release():
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding", "DeviceClass"}
+                      "ValidatingAdmissionPolicyBinding", "DeviceClass", "FlowSchema",
+                      "PriorityLevelConfiguration"}
     for release in ("dra", "team-a"):
         chart = helm.Chart.load(str(CHART))
         out = chart.render({}, name=release, namespace="ns", is_install=True)
@@ -457,3 +459,28 @@ def test_an_offline_render_gives_v1_device_classes():
     validate_all(classes)
     explicit = by_kind(render({"deviceClasses": {"apiVersion": "resource.k8s.io/v1beta1"}}), "DeviceClass")
     assert {c["apiVersion"] for c in explicit} == {"resource.k8s.io/v1beta1"}
+
+
+def test_the_driver_s_requests_get_a_priority_level_that_holds_a_fleet_s_herd():
+    """Every driver pod is one APF flow (one user); with no schema of the chart's its
+    requests land in workload-low, whose hand of 6 queues × 50 turned a 1,000-node start
+    into ~1,000 queue-full 429s. The chart's level queues a request from every node."""
+    import math
+
+    objects = render()
+    (schema,) = by_kind(objects, "FlowSchema")
+    (level,) = by_kind(objects, "PriorityLevelConfiguration")
+    (account,) = by_kind(objects, "ServiceAccount")
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+        "name": account["metadata"]["name"], "namespace": "dra-system"}}]
+    # ahead of the defaults that would otherwise take it, in kube-system too
+    assert schema["spec"]["matchingPrecedence"] < 900
+    queuing = level["spec"]["limited"]["limitResponse"]["queuing"]
+    assert queuing["handSize"] * queuing["queueLengthLimit"] >= 1000
+    # what the API server's validation asks of shuffle sharding
+    assert queuing["handSize"] <= queuing["queues"]
+    assert math.ceil(math.log2(queuing["queues"]) * queuing["handSize"]) <= 60
+    validate_all([schema, level])
+    assert not by_kind(render({"apiPriority": {"enabled": False}}), "FlowSchema")
