@@ -144,7 +144,10 @@ class Preparer:
         log = self.log.bind(claim_uid=ref.uid, claim_namespace=ref.namespace, claim_name=ref.name)
         try:
             ref.check()
-            return await operation(ref, log)
+            if self.status is None:
+                return await operation(ref, log)
+            with self.status.in_hand():  # its status write waits for the burst to end
+                return await operation(ref, log)
         except (ClaimError, CheckpointError, cdi.CdiError, edits.EditsError) as err:
             log.warning("claim_failed", operation=operation.__name__.strip("_").removesuffix("_one"),
                         error=str(err))
