@@ -223,6 +223,8 @@ def _inputs(args: argparse.Namespace):
         objects += listed
     world = w.build(objects)
     world.notes += notes
+    if kube is not None:
+        world.release = sources.server_release(kube)
     for node in args.node:
         if node not in world.nodes():
             raise sources.SourceError(f"--node {node}: no ResourceSlice names this node "
@@ -239,7 +241,7 @@ def _inputs(args: argparse.Namespace):
 
 def _pod(pod: pod_claims.PodClaims, world: w.World, nodes: list[str] | None,
          driver: str) -> list[engine.Explanation]:
-    from driver.explain import configs, engine
+    from driver.explain import cluster_release, configs, engine
 
     from driver.explain import pods as pod_claims
 
@@ -252,6 +254,7 @@ def _pod(pod: pod_claims.PodClaims, world: w.World, nodes: list[str] | None,
     unknown = [node for node in considered if node not in world.labels]
     for claim, result in zip(pod.claims, results):
         configs.check(result, claim.spec, driver, world)
+        result.release = cluster_release.claim_line(claim.ref, claim.spec, world.release)
         if unknown and (pod.node_selector or pod.required_affinity is not None):
             result.notes.append(f"no Node object for {', '.join(unknown)}: the pod's nodeSelector and node "
                                 "affinity are not checked there (give the Nodes with -f or --slices)")
@@ -260,12 +263,13 @@ def _pod(pod: pod_claims.PodClaims, world: w.World, nodes: list[str] | None,
 
 def _one(claim: sources.Claim, world: w.World, nodes: list[str] | None,
          driver: str) -> engine.Explanation:
-    from driver.explain import configs, engine
+    from driver.explain import cluster_release, configs, engine
 
     source = f"{claim.kind} from {claim.origin}"
     result = engine.explain(claim.ref, claim.spec, world, claim.namespace, nodes,
                             skip_uid=claim.uid, source=source)
     configs.check(result, claim.spec, driver, world)
+    result.release = cluster_release.claim_line(claim.ref, claim.spec, world.release)
     if world.namespaces is None and any(a.admin for _, alts in engine.requests(claim.ref, claim.spec)
                                         for a in alts):
         result.notes.append("namespace labels are unknown (no Namespace objects): the admin-access "

@@ -46,6 +46,8 @@ def _claim(e: engine.Explanation, style: Style) -> list[str]:
     verdict = (style(f"fits on {len(fit_nodes)} of {len(e.nodes)} node(s)", "green") if fit_nodes
                else style(f"fits on none of {len(e.nodes)} node(s)", "red"))
     lines = [style(f"Claim {e.claim}", "bold") + (f" ({e.source})" if e.source else "") + f": {verdict}"]
+    if e.release:
+        lines.append("  " + style(e.release, "yellow"))
     if not e.nodes:
         lines.append("  no node publishes devices (no ResourceSlices with a nodeName)")
     if e.scheduled is not None:

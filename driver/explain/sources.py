@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from driver.kube import releases
 from driver.publish import mocknode
 from driver.demo.claims import yaml_problem
 from driver.scheduling import claimspec
@@ -141,21 +142,33 @@ def pick(claims: list[Claim], name: str | None, namespace: str | None, where: st
 # -- a cluster ----------------------------------------------------------------------------------
 def resource_version(kube) -> str:
     """The resource.k8s.io version the cluster serves; an unreachable server, or one that
-    serves no resource.k8s.io, is a SourceError naming the server (exit 2: not a verdict)."""
-    from driver.kube.client import ApiError, NotFound
+    serves no resource.k8s.io we speak, is a SourceError naming the server (exit 2: not a verdict)."""
+    from driver.kube.client import ApiError, NoResourceApi, NotFound
 
     client = getattr(kube, "client", None)
     server = getattr(getattr(client, "config", None), "server", None) or "the API server"
     try:
         return kube.resource_version()
-    except NotFound:
-        raise SourceError(f"{server} does not serve resource.k8s.io (Dynamic Resource Allocation "
-                          "needs Kubernetes 1.32 or newer, with the DynamicResourceAllocation "
-                          "feature enabled before 1.34)") from None
+    except (NotFound, NoResourceApi) as err:
+        release = server_release(kube)
+        at = f"{server} (Kubernetes {releases.text(release)})" if release else server
+        what = ("does not serve resource.k8s.io" if isinstance(err, NotFound)
+                else "serves no resource.k8s.io version this driver knows")
+        raise SourceError(f"{at} {what}: {releases.dra_requirement()}") from None
     except ApiError as err:
         if err.status == 0:
             raise SourceError(f"cannot reach {server}: {err}") from None
         raise SourceError(f"{server}: cannot read its resource.k8s.io versions: {err}") from None
+
+
+def server_release(kube) -> releases.Release | None:
+    """The cluster's Kubernetes release; None where /version cannot be read."""
+    from driver.kube.client import ApiError
+
+    try:
+        return kube.server_version()
+    except ApiError:
+        return None
 
 
 def cluster_objects(kube, namespace: str, nodes: bool = False) -> tuple[list[dict], list[str]]:

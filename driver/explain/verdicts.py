@@ -75,6 +75,8 @@ class Explanation:
     # a pod's extended resources: the claim the scheduler makes for them, {"requests": [...],
     # "mappings": [...]} as in the claim's spec and the pod's extendedResourceClaimStatus
     scheduled: dict | None = None
+    # what the cluster's Kubernetes release cannot do of the claim (driver/explain/cluster_release.py)
+    release: str | None = None
 
     @property
     def fits(self) -> bool:

@@ -188,6 +188,7 @@ class World:
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
     # node -> its spec.taints, for the nodes whose Node object was given (a pod's node filter)
     node_taints: dict[str, list[dict]] = field(default_factory=dict)
+    release: tuple[int, int] | None = None  # the cluster's Kubernetes release, when read from one
     # a node's view only: devices of its pools' slices that do not target it (their
     # allocations use the pool's shared counters too)
     elsewhere: list[PoolDevice] = field(default_factory=list)

@@ -48,6 +48,10 @@ class NotFound(ApiError):
     pass
 
 
+class NoResourceApi(ApiError):
+    """The server answers but serves no resource.k8s.io version we speak (before 1.32)."""
+
+
 API_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the resource.k8s.io versions we speak, preferred first
 
@@ -228,7 +232,8 @@ class Kube:
             if self._resource_version is None:
                 served = self.served_resource_versions()
                 if not served:
-                    raise ApiError(0, f"the API server serves no {API_GROUP} version this driver knows")
+                    raise NoResourceApi(0, f"the API server serves no {API_GROUP} version this driver "
+                                        f"knows ({', '.join(API_VERSIONS)})")
                 self._resource_version = served[0]
             return self._resource_version
 

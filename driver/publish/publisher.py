@@ -144,6 +144,10 @@ class Publisher:
     # published: slices written earlier would offer unhealthy devices without their taints,
     # and the taints added a moment later would cost a second write (issue 28.13).
     health_ready: Callable[[], bool] = lambda: True
+    # Told the server's release and the resource.k8s.io version once they are known (the
+    # start-up `cluster_support` line, driver/service/support.py); the release is asked only then.
+    negotiated: Callable[[tuple[int, int], str], None] | None = None
+    server: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -178,8 +182,13 @@ class Publisher:
 
     def negotiate(self) -> str:
         if self.api_version is None:
-            self.api_version = self.kube.resource_version()
+            version = self.kube.resource_version()
+            if self.negotiated is not None:
+                self.server = self.kube.server_version()
+            self.api_version = version
             self.log.info("resource_api_version", version=self.api_version)
+            if self.negotiated is not None and self.server is not None:
+                self.negotiated(self.server, version)
         return self.api_version
 
     def _layout(self, wanted: bool) -> str | None:
@@ -187,7 +196,7 @@ class Publisher:
         if not wanted or not self.counters_supported:
             return None
         if self.counters_layout is None:
-            server = self.kube.server_version()
+            server = self.server = self.server or self.kube.server_version()
             if self.api_version == "v1beta1" or server < (1, 34):
                 self._drop_counters(f"the API server is {server[0]}.{server[1]}; shared counters "
                                     "need 1.34 or newer")

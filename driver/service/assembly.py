@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 from prometheus_client.registry import Collector
 
 from driver import logs
-from driver.service import nodeview
+from driver.service import nodeview, support
 from driver.service.config import Config
 from driver.devices import fingerprint, sysread
 from driver.devices.discovery import DiscoveryResult, discover, log_result
@@ -204,6 +204,8 @@ def assemble(config: Config, kube: Kube | None, instance: Instance,
         rediscovery.notify()
 
     publisher.counters_unsupported = static_mig
+    # Once the server's release is known: what this configuration lacks or needs gated there.
+    publisher.negotiated = lambda server, api: support.report(config, instance.token, server, api)
 
     def changed(new: DiscoveryResult) -> None:
         holder.result = new

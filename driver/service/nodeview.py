@@ -21,6 +21,7 @@ from driver.state import atomic
 
 from driver.publish import extendedresources
 from driver.state.checkpoint import ClaimRecord, State, read_records
+from driver.service import support
 from driver.service.config import Config
 from driver.devices import mock
 from driver.devices.discovery import discover
@@ -162,8 +163,11 @@ def main(config: Config, output: str) -> int:
     problems += [t.message(config.node_name) for t in extendedresources.recorded(config.state_dir)]
     for problem in problems:
         print(f"dra-driver status: {problem}", file=sys.stderr)
+    # What the running driver said at start of its cluster's release (driver/service/support.py).
+    cluster = (support.recorded(config.state_dir) or {}).get("line")
     if output == "json":
-        sys.stdout.write(json.dumps([asdict(r) for r in found], indent=2) + "\n")
+        rows = [{**asdict(r), "cluster_support": cluster} for r in found]
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif not found:
         # A header over nothing reads as "status is broken"; say what was looked at instead,
         # as kubectl says "No resources found".
@@ -171,5 +175,5 @@ def main(config: Config, output: str) -> int:
         print(f"dra-driver status: no GPU, FPGA or NIC found on node {config.node_name} ({where}); "
               "`dra-driver discover` lists what it sees and what it left out", file=sys.stderr)
     else:
-        sys.stdout.write(table(found))
+        sys.stdout.write((f"{cluster}\n" if cluster else "") + table(found))
     return 0
