@@ -70,7 +70,33 @@ gen_go_mod() {
     grep -E '^\s+k8s\.io/[a-z0-9-]+ => \./staging/' "$upstream" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
   } > "$dir/go.mod"
-  (cd "$dir" && go mod tidy)
+  tidy_k8s_module "$dir"
+}
+
+# go mod tidy, where a staging module the release needs is missing on the module proxy at the
+# release's own v0.<minor>.<patch> (k8s.io/endpointslice v0.32.13's zip is refused, 403, while
+# k8s.io/kubernetes v1.32.13 is served): its replace line falls back to the newest patch of
+# the same minor that the proxy serves, with a line saying so. Staging modules change little
+# between patches; without this the whole release would not build.
+tidy_k8s_module() {
+  local dir=$1 out missing mod want minor have tries=0
+  until out=$(cd "$dir" && go mod tidy 2>&1); do
+    missing=$(printf '%s\n' "$out" | sed -n 's/.*: \(k8s\.io\/[a-z0-9-]*\)@\(v0\.[0-9.]*\): reading .*/\1 \2/p' | sort -u)
+    if [ -z "$missing" ] || [ $((tries += 1)) -gt 3 ]; then
+      printf '%s\n' "$out" >&2; return 1
+    fi
+    while read -r mod want; do
+      minor=${want%.*}
+      have=$(cd / && GOFLAGS=-mod=mod go list -m -versions "$mod" | tr ' ' '\n' \
+        | grep -E "^${minor//./\\.}\.[0-9]+$" | sort -t. -k3,3n | awk -F. -v p="${want##*.}" '$3 < p' | tail -1)
+      if [ -z "$have" ]; then
+        echo "build.sh: $mod $want is not on the module proxy, nor any $minor.x before it" >&2; return 1
+      fi
+      log "$mod $want is not on the module proxy; using $have (same minor) for $KUBERNETES_VERSION"
+      sed -i "s#^\(\s*$mod => $mod\) $want\$#\1 $have#" "$dir/go.mod"
+    done <<< "$missing"
+  done
+  [ -z "$out" ] || printf '%s\n' "$out" >&2
 }
 
 build_k8s() {

@@ -36,9 +36,22 @@ var components = map[string]func() *cobra.Command{
 	"kube-scheduler": func() *cobra.Command {
 		return scheduler.NewSchedulerCommand()
 	},
-	"kubelet": func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+	"kubelet": func() *cobra.Command { return withContext(kubelet.NewKubeletCommand) },
 	// Services for pods: the `kubernetes` Service (the API server) and kube-dns (CoreDNS).
 	"kube-proxy": proxy.NewProxyCommand,
+}
+
+// withContext calls a command constructor that takes a context (kubelet from 1.34 on) or
+// none (kubelet up to 1.33), so this one file compiles against every release build.sh
+// builds; the constraint keeps it checked at compile time, a third signature fails to build.
+func withContext[F func() *cobra.Command | func(context.Context) *cobra.Command](newCommand F) *cobra.Command {
+	switch f := any(newCommand).(type) {
+	case func(context.Context) *cobra.Command:
+		return f(context.Background())
+	case func() *cobra.Command:
+		return f()
+	}
+	panic("unreachable: the type constraint admits only the two signatures above")
 }
 
 func main() {
