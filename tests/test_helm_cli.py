@@ -178,5 +178,21 @@ def test_the_served_resource_api_is_chosen_as_on_install(helm, kube, served, exp
     extra = ["--kube-version", kube] + [f"--api-versions={v}" for v in served]
     cli = helm.objects(CHART, {}, "dra", "dra-system", *extra)
     assert {o["apiVersion"] for o in cli if o["kind"] == "DeviceClass"} == {expected}
-    diff = render_diff(cli, python_render({"deviceClasses": {"apiVersion": expected}}, "dra"))
+    # the Python engine's cluster is newer than 1.33: on older ones the chart turns seamless
+    # upgrades off by itself (test_seamless_upgrades_follow_the_cluster_s_release)
+    older = [int(x) for x in kube.split(".")[:2]] < [1, 33]
+    values = {"deviceClasses": {"apiVersion": expected}} | ({"kubelet": {"seamlessUpgrade": False}} if older else {})
+    diff = render_diff(cli, python_render(values, "dra"))
     assert not diff, f"{kube} serving {served}: the two renders differ\n{diff}"
+
+
+@pytest.mark.parametrize("kube,seamless", [("1.32.13", False), ("1.33.0", True), ("1.37.2", True)])
+def test_seamless_upgrades_follow_the_cluster_s_release(helm, kube, seamless):
+    """Kubelets before 1.33 cannot run two instances of one plugin side by side: on a 1.32
+    cluster an upgrade with maxSurge 1 left the node's claims unallocatable (the cluster
+    tier on 1.32). There the chart replaces the pod in place, whatever the value says."""
+    objects = helm.objects(CHART, {}, "dra", "dra-system", "--kube-version", kube)
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == (1 if seamless else 0)
+    assert ("POD_UID" in {e["name"] for e in c["env"]}) is seamless

@@ -108,3 +108,15 @@ serve it from either.
 {{- end }}
 {{- toJson $names }}
 {{- end }}
+
+{{/* Seamless upgrades (two pods of the driver side by side, unique socket names) need
+kubelets 1.33 or newer: on an older cluster the chart replaces the pod in place instead,
+whatever kubelet.seamlessUpgrade says (a 1.32 kubelet confuses the two instances: after an
+upgrade, claims stopped being allocated on the node, tests/cluster/test_driver_pod.py on
+1.32). The cluster's version stands for its kubelets'; set the value false where kubelets
+lag the control plane below 1.33. */}}
+{{- define "dra.seamlessUpgrade" -}}
+{{- if and .Values.kubelet.seamlessUpgrade (semverCompare ">=1.33.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end -}}
