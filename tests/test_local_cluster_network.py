@@ -61,7 +61,7 @@ def test_kube_proxy_config_is_iptables_mode_and_leaves_host_sysctls_alone(cluste
     # loopback ports of this run, not kube-proxy's fixed defaults
     assert config["healthzBindAddress"] == f"127.0.0.1:{PORTS['kube-proxy-healthz']}"
     assert config["metricsBindAddress"] == f"127.0.0.1:{PORTS['kube-proxy-metrics']}"
-    assert config["featureGates"] == lc.FEATURE_GATES
+    assert config["featureGates"] == lc.feature_gates(cluster.vers["KUBERNETES_VERSION"])
 
 
 def test_kubelet_gives_pods_cluster_dns(cluster):
@@ -154,3 +154,31 @@ def test_dns_query_reads_the_a_records_of_an_answer():
     finally:
         t.join(5)
         server.close()
+
+
+def test_each_release_gets_only_its_own_gates_and_api_versions(monkeypatch):
+    """A gate a release does not know stops its components: 1.32 gets DRA's own gate and
+    v1beta1, 1.37 none at all (its DRA features are on by default), and the override
+    applies on top."""
+    monkeypatch.delenv("DRA_LOCAL_CLUSTER_FEATURE_GATES", raising=False)
+    assert lc.feature_gates("v1.32.13")["DynamicResourceAllocation"] is True
+    assert lc.feature_gates("v1.37.2") == {}
+    assert "DRAConsumableCapacity" not in lc.feature_gates("v1.33.13"), "consumable capacity is 1.34's"
+    assert lc.RELEASE_RUNTIME_CONFIG[32] == "resource.k8s.io/v1beta1=true"
+    assert 37 not in lc.RELEASE_RUNTIME_CONFIG
+    monkeypatch.setenv("DRA_LOCAL_CLUSTER_FEATURE_GATES", "DRAConsumableCapacity=false,X=true")
+    assert lc.feature_gates("v1.37.2") == {"DRAConsumableCapacity": False, "X": True}
+    with pytest.raises(lc.ClusterError, match="KUBERNETES_VERSION=v1.31.0: the local cluster knows releases 1.32 to 1.37"):
+        lc.feature_gates("v1.31.0")
+
+
+def test_a_release_without_gates_writes_an_empty_feature_gates_block(cluster, monkeypatch):
+    monkeypatch.delenv("DRA_LOCAL_CLUSTER_FEATURE_GATES", raising=False)
+    cluster.vers = dict(cluster.vers, KUBERNETES_VERSION="v1.37.2")
+    (cluster.root / "kubelet").mkdir()
+    cluster._kubelet_config()
+    assert yaml.safe_load((cluster.root / "kubelet" / "config.yaml").read_text())["featureGates"] == {}
+    cluster.vers = dict(cluster.vers, KUBERNETES_VERSION="v1.32.13")
+    cluster._kubelet_config()
+    gates = yaml.safe_load((cluster.root / "kubelet" / "config.yaml").read_text())["featureGates"]
+    assert gates["DynamicResourceAllocation"] is True

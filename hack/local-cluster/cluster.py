@@ -98,23 +98,68 @@ NVIDIA_ENV = ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/u
 # The runtime handler `nvidia`: NVIDIA's nvidia-container-runtime (build.sh nvidia-toolkit)
 # in CDI mode over our runc, as the GPU operator configures containerd on a GPU node.
 NVIDIA_RUNTIME_HANDLER = "nvidia"
-# The beta DRA features the driver uses, on explicitly (on by default in 1.37; alpha in
-# 1.34). The GA ones (DynamicResourceAllocation, DRAResourceClaimDeviceStatus, ...) are on
-# by default and locked.
-FEATURE_GATES = {
-    "DRAConsumableCapacity": True,
-    "DRAPartitionableDevices": True,
-    "DRADeviceTaints": True,
-    "DRADeviceBindingConditions": True,
-    # KEP-4680: the kubelet puts our DRAResourceHealth stream into the pod's
-    # allocatedResourcesStatus (beta and on by default from 1.36, alpha in 1.34)
-    "ResourceHealthStatus": True,
+# What each release needs, as a user sets it, for DRA and for the features the driver
+# uses (docs/compatibility.md): the gates that are off by default there, and the
+# resource.k8s.io versions it does not serve by default. Only those: a gate a release does
+# not know stops its components, and a default-on gate set again says nothing. From 1.36
+# the features are beta and on, from 1.37 the rest (DeviceTaintRule) is GA.
+RELEASE_GATES: dict[int, dict[str, bool]] = {
+    # DRA itself is beta and off; device status (claim status) and admin access are alpha
+    32: {"DynamicResourceAllocation": True, "DRAResourceClaimDeviceStatus": True, "DRAAdminAccess": True},
+    # partitionable devices (dynamic MIG), device taints and prioritized lists arrive as alpha
+    33: {"DynamicResourceAllocation": True, "DRAAdminAccess": True, "DRAPartitionableDevices": True,
+         "DRADeviceTaints": True, "DRAPrioritizedList": True},
+    # DRA is GA; consumable capacity, binding conditions, extended resources and the
+    # kubelet's health stream for DRA arrive as alpha
+    34: {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True, "DRADeviceTaints": True,
+         "DRADeviceBindingConditions": True, "DRAExtendedResource": True, "ResourceHealthStatus": True},
+    35: {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True, "DRADeviceTaints": True,
+         "DRADeviceTaintRules": True, "DRADeviceBindingConditions": True, "DRAExtendedResource": True,
+         "ResourceHealthStatus": True},
+    # DeviceTaintRule is beta but off (its API, v1beta2, is off by default)
+    36: {"DRADeviceTaintRules": True},
+    37: {},
 }
-# DRA_LOCAL_CLUSTER_FEATURE_GATES="A=false,B=true" overrides some, for every component (to
-# see a test fail when a gate it relies on is off, or to try an alpha one).
-for _kv in filter(None, os.environ.get("DRA_LOCAL_CLUSTER_FEATURE_GATES", "").split(",")):
-    _k, _, _v = _kv.partition("=")
-    FEATURE_GATES[_k.strip()] = _v.strip().lower() == "true"
+RELEASE_RUNTIME_CONFIG: dict[int, str] = {
+    32: "resource.k8s.io/v1beta1=true",
+    # DeviceTaintRule is served in v1alpha3 until 1.36
+    33: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true",
+    34: "resource.k8s.io/v1alpha3=true,resource.k8s.io/v1beta2=true",
+    35: "resource.k8s.io/v1alpha3=true,resource.k8s.io/v1beta2=true",
+    36: "resource.k8s.io/v1beta2=true",
+}
+SUPPORTED_MINORS = tuple(sorted(RELEASE_GATES))
+# The newest resource.k8s.io version each release serves with the runtime config above
+# (v1 from 1.34): the tests' v1 objects are sent in it and read back as v1 (served.py).
+RELEASE_RESOURCE_VERSION: dict[int, str] = {32: "v1beta1", 33: "v1beta2"}
+
+
+def feature_gates(version: str) -> dict[str, bool]:
+    """The release's gates (RELEASE_GATES), then DRA_LOCAL_CLUSTER_FEATURE_GATES="A=false,B=true",
+    for every component (to see a test fail when a gate it relies on is off, or to try an
+    alpha one)."""
+    release = minor(version)
+    if release not in RELEASE_GATES:
+        raise ClusterError(f"KUBERNETES_VERSION={version}: the local cluster knows releases "
+                           f"1.{SUPPORTED_MINORS[0]} to 1.{SUPPORTED_MINORS[-1]}")
+    gates = dict(RELEASE_GATES[release])
+    for kv in filter(None, os.environ.get("DRA_LOCAL_CLUSTER_FEATURE_GATES", "").split(",")):
+        key, _, value = kv.partition("=")
+        gates[key.strip()] = value.strip().lower() == "true"
+    return gates
+
+
+def _sibling(name: str):
+    """A module beside this file (cluster.py is run as a script and loaded from a path)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"local_cluster_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# the tests' v1 objects in the version an older release serves
+served = _sibling("served")
 
 
 def versions() -> dict[str, str]:
@@ -450,6 +495,11 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     _lock_fd: int | None = None
 
+    @property
+    def resource_version(self) -> str:
+        """resource.k8s.io's newest served version on this cluster's release."""
+        return RELEASE_RESOURCE_VERSION.get(minor(self.vers["KUBERNETES_VERSION"]), "v1")
+
     # paths
     @property
     def k8s_bin(self) -> Path:
@@ -596,6 +646,9 @@ class Cluster:
             content_type: str = "application/json", timeout: float = 30) -> tuple[int, dict]:
         """One request as the admin (client certificate) or with a bearer token; returns
         (status, decoded body) and never raises on an HTTP error status."""
+        version = self.resource_version
+        if version != "v1":  # the tests' v1 in what this release serves (served.py)
+            path, body = served.path(path, version), served.down(body, version)
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         req = urllib.request.Request(self.server + path, data=data, method=method)
         if data is not None:
@@ -606,7 +659,8 @@ class Cluster:
         try:
             with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
                 raw = r.read()
-                return r.status, (json.loads(raw) if raw.strip().startswith(b"{") else {"raw": raw.decode()})
+                answer = json.loads(raw) if raw.strip().startswith(b"{") else {"raw": raw.decode()}
+                return r.status, (served.up(answer) if version != "v1" else answer)
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -616,8 +670,21 @@ class Cluster:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 120) -> subprocess.CompletedProcess:
+        version = self.resource_version
+        if version != "v1" and "-f" in args and args[args.index("-f") + 1] != "-" and input is None:
+            # a manifest file: sent on stdin, converted as one given there
+            at = args.index("-f")
+            input, args = Path(args[at + 1]).read_text(), (*args[:at + 1], "-", *args[at + 2:])
+        if version != "v1" and input:  # the tests' v1 manifests in what this release serves
+            import yaml
+            input = yaml.safe_dump_all([served.down(d, version) for d in yaml.safe_load_all(input) if d])
         p = subprocess.run([str(self.k8s_bin / "kubectl"), "--kubeconfig", str(self.admin_kubeconfig), *args],
                            input=input, capture_output=True, text=True, timeout=timeout)
+        if version != "v1" and p.returncode == 0 and p.stdout.lstrip().startswith("{"):
+            try:  # `-o json`: read as v1
+                p.stdout = json.dumps(served.up(json.loads(p.stdout)))
+            except ValueError:
+                pass
         if check and p.returncode:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({p.returncode}):\n{p.stderr}{p.stdout}")
         return p
@@ -668,7 +735,7 @@ class Cluster:
                                    "client-key": str(self.pki / f"{n}.key")})
         for n in ("admin", "controller-manager", "scheduler", "kubelet", "kube-proxy", "coredns"):
             kc(n)
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+        gates = self.gates_flag()
         k8s = str(self.k8s_bin / "k8s")
 
         # etcd
@@ -683,10 +750,8 @@ class Cluster:
         # read every API call the driver made from it: verbs, resources, answers)
         audit_policy = self.root / "audit-policy.yaml"
         audit_policy.write_text(AUDIT_POLICY)
-        runtime_config = []
-        if minor(self.vers["KUBERNETES_VERSION"]) < 36:
-            # 1.34/1.35: DeviceTaintRule is served in resource.k8s.io/v1alpha3 only.
-            runtime_config = ["--runtime-config=resource.k8s.io/v1alpha3=true,resource.k8s.io/v1beta2=true"]
+        runtime_config = RELEASE_RUNTIME_CONFIG.get(minor(self.vers["KUBERNETES_VERSION"]))
+        runtime_config = [f"--runtime-config={runtime_config}"] if runtime_config else []
         self._start("kube-apiserver", self.apiserver_argv(gates, audit_policy, runtime_config))
         self.note("started kube-apiserver")
         self._wait("kube-apiserver /readyz", lambda: self.api("GET", "/readyz", timeout=3)[0] == 200,
@@ -746,6 +811,14 @@ class Cluster:
         (self.root / "up-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
         return self
 
+    def gates_flag(self) -> str:
+        return ",".join(f"{k}={str(v).lower()}" for k, v in feature_gates(self.vers["KUBERNETES_VERSION"]).items())
+
+    def gates_yaml(self) -> str:
+        """The gates as a component config's `featureGates:` block ({} when there are none)."""
+        gates = feature_gates(self.vers["KUBERNETES_VERSION"])
+        return "\n".join(f"  {k}: {str(v).lower()}" for k, v in gates.items()) or "  {}"
+
     def apiserver_argv(self, gates: str, audit_policy: Path, runtime_config: list[str]) -> list[str]:
         ca = self.pki / "ca.crt"
         k8s = str(self.k8s_bin / "k8s")
@@ -782,7 +855,7 @@ class Cluster:
     # -- Services and DNS for pods -----------------------------------------------------------
     def kube_proxy_config(self) -> str:
         """kube-proxy's KubeProxyConfiguration (iptables mode), written by `up`."""
-        gates = "\n".join(f"  {k}: {str(v).lower()}" for k, v in FEATURE_GATES.items())
+        gates = self.gates_yaml()
         return f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
@@ -1076,7 +1149,7 @@ featureGates:
             "clientConnection": {"kubeconfig": str(self.root / "scheduler.kubeconfig"), "qps": qps, "burst": qps},
             "leaderElection": {"leaderElect": False}}))
         self._stop("kube-scheduler")
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
+        gates = self.gates_flag()
         self._start("kube-scheduler", [
             str(self.k8s_bin / "k8s"), "kube-scheduler", f"--config={config}",
             f"--authentication-kubeconfig={self.root / 'scheduler.kubeconfig'}",
@@ -1248,7 +1321,7 @@ state = '{c / "state"}'
                     pass
 
     def _kubelet_config(self) -> None:
-        gates = "\n".join(f"  {k}: {str(v).lower()}" for k, v in FEATURE_GATES.items())
+        gates = self.gates_yaml()
         (self.root / "kubelet" / "config.yaml").write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # This host has cgroup v1 (hybrid); the 1.35+ kubelet refuses it unless told not to.

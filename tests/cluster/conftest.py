@@ -10,6 +10,7 @@ are in the cluster's logs/ folder).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -37,6 +38,26 @@ def _load_cluster_module():
 
 
 lc = _load_cluster_module()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "release(minimum, why): the case needs Kubernetes 1.<minimum> or newer, since "
+        "what it checks does not exist before (`why`); on an older release it is reported not "
+        "applicable (hack/local-cluster/matrix)")
+
+
+@functools.cache
+def release_minor() -> int:
+    """The release the tier runs against (KUBERNETES_VERSION, versions.env)."""
+    return lc.minor(lc.versions()["KUBERNETES_VERSION"])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("release"):
+        minimum, why = mark.args
+        if release_minor() < minimum:
+            pytest.skip(f"not applicable on 1.{release_minor()}: {why} (Kubernetes 1.{minimum}+)")
 
 
 def _asked_for(config: pytest.Config) -> bool:

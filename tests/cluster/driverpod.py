@@ -82,6 +82,11 @@ def helm_apply(cluster, values: dict, timeout: float = 120) -> None:
         cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "--overwrite",
                     *(f"{k}={v}" for k, v in POD_SECURITY.items()))
+    classes = values.get("deviceClasses") or {}
+    if cluster.resource_version != "v1" and classes.get("apiVersion") == "resource.k8s.io/v1":
+        # a release without v1 (1.32, 1.33): installed as its users install it, the chart
+        # choosing the version the cluster serves
+        values = {**values, "deviceClasses": {k: v for k, v in classes.items() if k != "apiVersion"}}
     h = helm(cluster)
     h.run("upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE,
           "--kubeconfig", str(cluster.admin_kubeconfig), "-f", str(h.values_file(values)),

@@ -115,6 +115,7 @@ def test_status_devices_idle_condition_and_event(cluster, driver):
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
 
 
+@pytest.mark.release(36, "the resourceclaims/driver grant for status writes (DRAResourceClaimGranularStatusAuthorization)")
 def test_status_write_needs_the_associated_node_grant(cluster, chart, driver):
     """From 1.36 (DRAResourceClaimGranularStatusAuthorization) a write of status.devices
     also needs `associated-node:patch` on `resourceclaims/driver` for the driver's name

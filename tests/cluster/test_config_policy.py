@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.cluster.driverhost import install
+from tests.cluster.workloads import example_param
 from tests.conftest import REPO
 from tests.test_config_policy import CASES, KINDS, admitted, wrap
 
@@ -80,7 +81,8 @@ def test_bad_config_is_refused_at_kubectl_apply_with_our_message(cluster, policy
     assert "opaque config for accel.dra.io: unknown field" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("example", sorted(p.parent.name for p in (REPO / "examples").glob("*/claim.yaml")))
+@pytest.mark.parametrize("example", [example_param(p.parent.name)
+                                     for p in sorted((REPO / "examples").glob("*/claim.yaml"))])
 def test_every_example_passes_the_real_policy(cluster, policy, example):
     p = cluster.kubectl("apply", "--dry-run=server", "-n", NAMESPACE, "-f",
                         str(REPO / "examples" / example / "claim.yaml"), check=False)

@@ -6,6 +6,8 @@ reason in the pod's conditions and events. The driver is the chart's pod (helm).
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 import uuid
@@ -62,6 +64,7 @@ def allocation(cluster, ns: str, pod: dict) -> dict:
     return result
 
 
+@pytest.mark.release(34, "consumable capacity (capacity requests, DRAConsumableCapacity)")
 def test_two_shares_run_on_one_gpu_and_a_third_that_would_overcommit_it_stays_pending(
         cluster, driver_image):
     import local_cluster

@@ -8,6 +8,8 @@ chart's pod (helm); the mock GPUs' state is read on the node, in the pod's hostP
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 import uuid
@@ -56,6 +58,7 @@ def instances(cluster) -> list[dict]:
     return out
 
 
+@pytest.mark.release(34, "the driver's shared counters for dynamic MIG (DRAPartitionableDevices)")
 def test_partitions_through_shared_counters_created_at_prepare_destroyed_with_the_pod(cluster, driver_image):
     import local_cluster
 

@@ -19,6 +19,7 @@ import yaml
 
 from tests.cluster.driverhost import NAMESPACE, explain
 from tests.cluster.driverpod import PodDriver
+from tests.cluster.workloads import example_param
 from tests.conftest import REPO
 
 GPU_UUID = r"^DRA_GPU_\w+_UUID=GPU-[0-9a-f-]+$"
@@ -199,7 +200,7 @@ def mps_daemon_pods(cluster) -> list[dict]:
     return json.loads(out)["items"]
 
 
-@pytest.mark.parametrize("example", ORDER)
+@pytest.mark.parametrize("example", [example_param(name) for name in ORDER])
 def test_example_runs_on_the_real_cluster(cluster, pod_driver, driver_image, example):
     ex = EXAMPLES[example]
     manifest = (REPO / "examples" / example / "claim.yaml").read_text()

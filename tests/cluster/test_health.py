@@ -54,6 +54,7 @@ def taint_keys(cluster, device: str) -> dict[str, str]:
     return {t["key"]: t["effect"] for t in slice_device(cluster, device).get("taints") or []}
 
 
+@pytest.mark.release(34, "device health in the pod's status from a DRA driver (kubelet, ResourceHealthStatus)")
 def test_link_down_shows_in_the_pod_status_and_as_a_slice_taint(cluster, driver):
     operstate = cluster.kubelet_dir / "plugins" / DRIVER / "mock" / "sys" / "class" / "net" / IFNAME / "operstate"
     assert operstate.read_text().strip() == "up"
@@ -82,6 +83,7 @@ def test_link_down_shows_in_the_pod_status_and_as_a_slice_taint(cluster, driver)
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=90s", check=False)
 
 
+@pytest.mark.release(33, "device taints and DeviceTaintRule (DRADeviceTaints)")
 def test_a_noexecute_device_taint_evicts_the_pod(cluster, driver):
     import local_cluster
 

@@ -59,6 +59,7 @@ def kubelet_lines(cluster, *needles: str) -> list[str]:
     return [line for line in text.splitlines() if all(n in line for n in needles)]
 
 
+@pytest.mark.release(33, "two instances of a driver on one node (kubelet rolling-update support)")
 def test_a_new_instance_that_cannot_reach_the_api_server_leaves_prepares_to_the_old_one(
         cluster, chart, tmp_path):
     ns = namespace(cluster, "broken-rollout")
@@ -89,6 +90,7 @@ def test_a_new_instance_that_cannot_reach_the_api_server_leaves_prepares_to_the_
         assert old.stop() == 0, old.log()[-3000:]
 
 
+@pytest.mark.release(33, "two instances of a driver on one node (kubelet rolling-update support)")
 def test_a_killed_instances_sockets_go_and_the_kubelet_stops_calling_it(cluster, chart, tmp_path):
     killed = new_driver(cluster, chart, tmp_path, fresh=True).start()
     nxt = None

@@ -49,6 +49,7 @@ def no_failed_prepare(cluster, ns: str, *drivers: HostDriver) -> None:
         assert '"claim_failed"' not in d.log(), d.log()[-3000:]
 
 
+@pytest.mark.release(33, "two instances of a driver on one node (kubelet rolling-update support)")
 def test_seamless_upgrade_with_the_real_kubelet(cluster, chart, tmp_path):
     ns = namespace(cluster, "upgrade")
     old = new_driver(cluster, chart, tmp_path, fresh=True).start()

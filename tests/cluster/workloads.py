@@ -12,6 +12,24 @@ import yaml
 
 from tests.cluster.driverhost import DRIVER
 
+# The releases an example needs, where it is newer than 1.32 (what it asks of the API
+# server does not exist before): the matrix reports it not applicable on older ones.
+EXAMPLE_RELEASES: dict[str, tuple[int, str]] = {
+    "gpu-consumable": (34, "consumable capacity (capacity requests, DRAConsumableCapacity)"),
+    "mig-dynamic": (34, "the driver's shared counters for dynamic MIG (DRAPartitionableDevices)"),
+    "prioritized-gpu": (33, "prioritized lists (firstAvailable, DRAPrioritizedList)"),
+}
+
+
+def example_param(name: str):
+    """A pytest parameter for an example, marked with the release it needs."""
+    import pytest
+
+    if name in EXAMPLE_RELEASES:
+        return pytest.param(name, marks=pytest.mark.release(*EXAMPLE_RELEASES[name]))
+    return name
+
+
 # hack/local-cluster imports this busybox image (no registry); a tag other than `latest`,
 # so that the kubelet's default pull policy is IfNotPresent and it never tries a registry
 BUSYBOX = "docker.io/library/busybox:1.36"
