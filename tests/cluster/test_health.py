@@ -54,7 +54,7 @@ def taint_keys(cluster, device: str) -> dict[str, str]:
     return {t["key"]: t["effect"] for t in slice_device(cluster, device).get("taints") or []}
 
 
-@pytest.mark.release(34, "device health in the pod's status from a DRA driver (kubelet, ResourceHealthStatus)")
+@pytest.mark.release(35, "device health in the pod's status: the kubelet before 1.35 looks a pod's claim up by the pod's own name for it, so a claim made from a template shows none (kubernetes#134482, fixed by #134875)")
 def test_link_down_shows_in_the_pod_status_and_as_a_slice_taint(cluster, driver):
     operstate = cluster.kubelet_dir / "plugins" / DRIVER / "mock" / "sys" / "class" / "net" / IFNAME / "operstate"
     assert operstate.read_text().strip() == "up"
