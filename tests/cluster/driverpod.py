@@ -245,7 +245,11 @@ class PodDriver:
         from driver.kubelet.sockets import registration_candidates
 
         registry = self.cluster.kubelet_dir / "plugins_registry"
-        mine = {str(p) for p in registration_candidates(registry, DRIVER, self.uid)}
+        # without seamless upgrades (the chart on a cluster before 1.33) the pod gets no
+        # POD_UID and its socket has the driver's fixed name
+        pod = json.loads(self.cluster.kubectl("get", "pod", "-n", NAMESPACE, self.pod, "-o", "json").stdout)
+        seamless = any(e.get("name") == "POD_UID" for c in pod["spec"]["containers"] for e in c.get("env") or [])
+        mine = {str(p) for p in registration_candidates(registry, DRIVER, self.uid if seamless else None)}
         return any(path in mine and n > 0 for path, n in self.registrations().items())
 
     def slice_writes(self, since: int | None = None) -> list[dict]:
