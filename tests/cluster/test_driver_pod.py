@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.cluster.driverhost import DRIVER, NAMESPACE
+from tests.cluster.conftest import release_minor
 from tests.cluster.driverpod import PodDriver
 from tests.cluster.podlogs import PodLogs
 from tests.cluster.workloads import apply, events, generated_claim, get, namespace, pod, wait, wait_running
@@ -275,8 +276,12 @@ def rollout(node: Node, what: str, change) -> dict:
     assert '"claim_failed"' not in node.logs.text(last=100000)
     assert twice == {node.shared_uid: 1}, f"claims prepared more than once: {twice}\n{node.logs.text()}"
     assert all(n == 1 for n in node.logs.claim_events(PREPARED, churned).values())
-    assert not writes, f"ResourceSlice writes during the {what}: {writes}"
-    assert slices_after == slices_before, (slices_before, slices_after)
+    if release_minor() >= 33:
+        # A 1.32 kubelet (no seamless upgrade: the pod is replaced in place) deletes the
+        # driver's slices as soon as its only plugin unregisters (seen on the 1.32 tier),
+        # so the pod that replaces it writes them again; from 1.33 they are taken over.
+        assert not writes, f"ResourceSlice writes during the {what}: {writes}"
+        assert slices_after == slices_before, (slices_before, slices_after)
     assert node.logs.who("claim_prepared", probe) == [drv.pod], node.logs.text()
     return figures
 
@@ -427,7 +432,8 @@ def test_helm_uninstall_with_and_without_a_claim_prepared(node):
     reinstall = time.monotonic() - t0
     # the same node, the same inventory: the slices were left and are taken over as they are
     reinstall_writes = slice_writes(c, mark)
-    assert our_slices(c) == slices and not reinstall_writes, (slices, our_slices(c), reinstall_writes)
+    if release_minor() >= 33:  # as in rollout(): a 1.32 kubelet deleted them at uninstall
+        assert our_slices(c) == slices and not reinstall_writes, (slices, our_slices(c), reinstall_writes)
     c.kubectl("delete", "pod", "-n", node.ns, "mps-client-a", "mps-client-b", "--wait=true", "--timeout=90s")
     wait("the reinstalled pod unprepared the claim",
          lambda: node.logs.who("claim_unprepared", node.shared_uid) == [drv.pod], 60,
