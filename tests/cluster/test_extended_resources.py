@@ -102,7 +102,7 @@ def _driver(cluster, objects, tmp_path) -> HostDriver:
     # every class answers to its implicit name, with nothing set on it
     (IMPLICIT, 1, None),
 ])
-@pytest.mark.release(34, "extended resources served by DRA (DRAExtendedResource)")
+@pytest.mark.release(34, "extended resources served by DRA (a device plugin's resource name on a DeviceClass)")
 def test_a_device_plugin_workload_runs_unchanged(cluster, tmp_path, resource, count, class_name):
     objects = install(cluster, _values(class_name))
     spec = _get(cluster, "deviceclass", GPU_CLASS)["spec"]
@@ -174,7 +174,7 @@ def test_a_device_plugin_workload_runs_unchanged(cluster, tmp_path, resource, co
         assert drv.stop() == 0, drv.log()[-3000:]
 
 
-@pytest.mark.release(34, "extended resources served by DRA (DRAExtendedResource)")
+@pytest.mark.release(34, "extended resources served by DRA (a device plugin's resource name on a DeviceClass)")
 def test_without_the_name_on_the_class_the_same_workload_stays_pending(cluster, tmp_path):
     # kubectl apply removes the field a previous apply of the chart set
     objects = install(cluster, _values(None))
