@@ -310,3 +310,25 @@ def test_the_mock_takes_a_dead_instances_leftover_mount_point_for_no_namespace()
         network.destroy()
         if os.path.lexists(network.path):
             os.unlink(network.path)
+
+
+def test_a_mock_nic_left_in_a_pod_no_record_names_is_not_made_again(host, pods, caplog):
+    """Seen on the 1.32 and 1.34 tiers: a failed case left a VF in a pod, the next driver
+    start (with records that do not name it) made the NIC again and died of the kernel's
+    "File exists" (the veth's other end is still in the mock's namespace)."""
+    mac = host.add_nic("dratst1")
+    pod_ns = pods()
+    with netlink(host.path) as ipr, open(pod_ns) as target:
+        ipr.link("set", index=ipr.link_lookup(ifname="dratst1")[0], net_ns_fd=target.fileno())
+    assert link(host.path, "dratst1") is None and link(pod_ns, "dratst1")["mac"] == mac
+    host.populate(set())  # no sysfs: nothing listed
+    assert host.add_nic("dratst1") == mac  # was: NetlinkError (17, 'File exists')
+    assert link(host.path, "dratst1") is None, "made twice: on the host and in the pod"
+    assert link(pod_ns, "dratst1")["mac"] == mac
+
+
+def test_a_mock_nic_the_kernel_refuses_is_one_line_at_start(host, capsys):
+    host.add_nic_or_say("x" * 20)  # longer than IFNAMSIZ: the kernel refuses it
+    out = capsys.readouterr()
+    (line,) = [entry for entry in (out.out + out.err).splitlines() if "mock_nic_not_created" in entry]
+    assert "x" * 20 in line and "Traceback" not in out.out + out.err

@@ -69,7 +69,7 @@ def make(socket: Path, state_dir: Path, proc_root: Path, inventory: Callable[[],
             for device in inventory().devices:
                 if (device.kind is DeviceKind.NIC and device.net_interface
                         and device.net_interface not in away):
-                    network.add_nic(device.net_interface)
+                    network.add_nic_or_say(device.net_interface)
             network.mirror()  # the tree was written whole: those in pods leave it now
         # NICs left in namespaces that died while no driver ran come back now; those of
         # pods that still run are judged at the runtime's Synchronize.
