@@ -139,3 +139,43 @@ def test_explain_on_a_server_without_a_resource_api_it_knows_says_what_dra_needs
     (line,) = err.splitlines()
     assert "(Kubernetes 1.31)" in line and "serves no resource.k8s.io version this driver knows" in line
     assert "needs Kubernetes 1.32 or newer" in line and "cannot reach" not in line
+
+
+def _deployment(tmp_path, resource: str):
+    pod = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer", "namespace": "default"},
+           "spec": {"template": {"spec": {"containers": [
+               {"name": "app", "image": "busybox", "resources": {"limits": {resource: 1}}}]}}}}
+    path = tmp_path / "deployment.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    return str(path)
+
+
+@pytest.mark.parametrize("release,expected", [
+    # found by the matrix: on 1.34 the pod ran, with no device (its scheduler and kubelet
+    # take the implicit name for a native resource)
+    ((1, 34), "Kubernetes 1.34 takes deviceclass.resource.kubernetes.io/gpu.accel.dra.io for a native "
+              "resource: a pod asking for one is scheduled without a claim and runs without the device"),
+    ((1, 33), "Kubernetes 1.33 cannot serve deviceclass.resource.kubernetes.io/gpu.accel.dra.io from a "
+              "DeviceClass: extended resource names need Kubernetes 1.34; the pod stays Pending there"),
+    ((1, 35), None),
+])
+def test_explain_says_which_release_serves_a_pods_implicit_extended_resource(tmp_path, release, expected):
+    resource = f"deviceclass.resource.kubernetes.io/gpu.{DRIVER}"
+    with ApiServer(server_version=release) as api:
+        api.state.objects[("deviceclasses", "", f"gpu.{DRIVER}")] = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"gpu.{DRIVER}"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}}
+        kubeconfig = str(api.kubeconfig(tmp_path))
+        code, out, err = _explain("-f", _deployment(tmp_path, resource), "--kubeconfig", kubeconfig, "-o", "json")
+        assert code in (0, 1), err
+        (found,) = json.loads(out)["claims"]
+        if expected is None:
+            assert found["release"] is None
+        else:
+            assert found["release"].startswith(expected), found["release"]
+        # an explicit name is served from 1.34
+        api.state.objects[("deviceclasses", "", f"gpu.{DRIVER}")]["spec"]["extendedResourceName"] = "example.com/gpu"
+        code, out, err = _explain("-f", _deployment(tmp_path, "example.com/gpu"), "--kubeconfig", kubeconfig,
+                                  "-o", "json")
+        (found,) = json.loads(out)["claims"]
+        assert (found["release"] is None) == (release >= (1, 34)), found["release"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from driver import needs_demo_extra
 
 if TYPE_CHECKING:
-    from driver.explain import engine, sources
+    from driver.explain import engine, extended, sources
     from driver.explain import pods as pod_claims
     from driver.explain import world as w
 
@@ -111,12 +111,18 @@ def run(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
 
 
 def _explanations(args: argparse.Namespace) -> list[engine.Explanation]:
-    from driver.explain import extended
-
     claims, together, pods, world, nodes = _inputs(args)
     return ([_one(claim, world, nodes, args.driver_name) for claim in claims]
             + [e for pod in together for e in _pod(pod, world, nodes, args.driver_name)]
-            + [extended.explain_pod(pod, world, nodes) for pod in pods])
+            + [_extended(pod, world, nodes) for pod in pods])
+
+
+def _extended(pod: extended.PodResources, world: w.World, nodes: list[str] | None) -> engine.Explanation:
+    from driver.explain import cluster_release, extended
+
+    result = extended.explain_pod(pod, world, nodes)
+    result.release = cluster_release.pod_line(pod, extended.class_mapping(world.classes), world.release)
+    return result
 
 
 def _run_blocking(args: argparse.Namespace, out, err) -> int:

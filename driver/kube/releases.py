@@ -82,6 +82,14 @@ CLAIM_STATUS = Feature(
 EXTENDED_RESOURCES = Feature(
     "extended resource names", "--extended-resource-names", (1, 34), "DRAExtendedResource", (1, 36),
     "pods asking for these names are not given this driver's devices")
+# The implicit name `deviceclass.resource.kubernetes.io/<class>` of every class: the
+# scheduler and kubelet of 1.34 take it for a native resource (their IsExtendedResourceName
+# rejects "*kubernetes.io/" names), so a pod asking for it is scheduled without a claim and
+# runs without a device; both accept it from 1.35 (kubernetes#133363, IsDRAExtendedResourceName).
+IMPLICIT_EXTENDED_NAMES = Feature(
+    "implicit extended resource names (deviceclass.resource.kubernetes.io/<class>)", "", (1, 35),
+    EXTENDED_RESOURCES.gate, EXTENDED_RESOURCES.default_on,
+    "a pod asking for one is scheduled without a claim and runs without the device")
 # KEP-4680: the kubelet asks DRA drivers for health from 1.34; beta 1.36 (on).
 POD_HEALTH = Feature(
     "device health in pod status", "", (1, 34), "ResourceHealthStatus", (1, 36),
