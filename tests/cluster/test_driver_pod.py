@@ -273,7 +273,8 @@ def rollout(node: Node, what: str, change) -> dict:
     assert churn.done and not churn.errors, (churn.errors, churn.done)
     assert after == before, f"running pods restarted or changed:\nbefore {before}\nafter  {after}"
     assert not failed_prepares(c, node.ns), failed_prepares(c, node.ns)
-    assert '"claim_failed"' not in node.logs.text(last=100000)
+    failed = [line for line in node.logs.text(last=100000).splitlines() if '"claim_failed"' in line]
+    assert not failed, "\n".join(failed)
     assert twice == {node.shared_uid: 1}, f"claims prepared more than once: {twice}\n{node.logs.text()}"
     assert all(n == 1 for n in node.logs.claim_events(PREPARED, churned).values())
     if release_minor() >= 33:
