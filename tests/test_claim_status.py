@@ -378,89 +378,101 @@ class _RecordingKube:
         return {}
 
 
-def test_a_burst_s_status_writes_go_when_its_last_claim_is_done(monkeypatch):
+@pytest.fixture
+def recording_writer(monkeypatch):
+    """make(delay) -> a StatusWriter with the given DELAY, writing to a _RecordingKube."""
+    from driver.prepare import claimstatus
+
+    made = []
+
+    def make(delay: float):
+        monkeypatch.setattr(claimstatus, "DELAY", delay)
+        kube = _RecordingKube()
+        made.append(claimstatus.StatusWriter(kube, DRIVER))
+        return made[-1], kube
+
+    yield make
+    for writer in made:
+        writer.close()
+
+
+def _ready(writer, name: str = "c1") -> None:
+    from driver.prepare.claimstatus import DeviceStatus
+    from driver.prepare.claims import ClaimRef
+
+    writer.publish(ClaimRef("ml", name, f"u-{name}"), [DeviceStatus("node-a", GPU, None, True, "Prepared")])
+
+
+def test_a_burst_s_status_writes_go_when_its_last_claim_is_done(recording_writer):
     """A fixed DELAY after each claim put a 64-pod burst's last status ~0.45 s after its
     start against ~0.15 s for the same API calls alone: a state now waits for the claims
     in hand, not for the clock (DELAY stays its bound)."""
-    from driver.prepare import claimstatus
-    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
-    from driver.prepare.claims import ClaimRef
-
-    monkeypatch.setattr(claimstatus, "DELAY", 30.0)  # far beyond what the test waits
-    kube = _RecordingKube()
-    writer = StatusWriter(kube, DRIVER)
-    try:
+    writer, kube = recording_writer(30.0)  # far beyond what the test waits
+    with writer.in_hand():
         with writer.in_hand():
-            with writer.in_hand():
-                writer.publish(ClaimRef("ml", "c1", "u-1"), [DeviceStatus("node-a", GPU, None, True, "Prepared")])
-            time.sleep(0.3)
-            assert kube.times == [], "written while another claim of the burst was in hand"
-            released = time.monotonic()
-        assert writer.wait_idle(5)
-        (written,) = kube.times
-        assert written - released < 2
-    finally:
-        writer.close()
+            _ready(writer)
+        time.sleep(0.3)
+        assert kube.times == [], "written while another claim of the burst was in hand"
+        released = time.monotonic()
+    assert writer.wait_idle(5)
+    (written,) = kube.times
+    assert written - released < 2
 
 
-def test_a_state_known_with_no_claim_in_hand_is_written_at_once(monkeypatch):
-    from driver.prepare import claimstatus
-    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
-    from driver.prepare.claims import ClaimRef
-
-    monkeypatch.setattr(claimstatus, "DELAY", 30.0)
-    kube = _RecordingKube()
-    writer = StatusWriter(kube, DRIVER)
-    try:
-        writer.publish(ClaimRef("ml", "c1", "u-1"), [DeviceStatus("node-a", GPU, None, True, "Prepared")])
-        assert writer.wait_idle(5)
-        assert len(kube.times) == 1
-    finally:
-        writer.close()
+def test_a_state_known_with_no_claim_in_hand_is_written_at_once(recording_writer):
+    writer, kube = recording_writer(30.0)
+    _ready(writer)
+    assert writer.wait_idle(5)
+    assert len(kube.times) == 1
 
 
-def test_a_long_burst_holds_a_state_back_no_longer_than_delay(monkeypatch):
+def test_a_long_burst_holds_a_state_back_no_longer_than_delay(recording_writer):
     """A claim that takes seconds (an FPGA programmed, an MPS daemon started) must not hold
     back the status of the claims prepared beside it."""
-    from driver.prepare import claimstatus
-    from driver.prepare.claimstatus import DeviceStatus, StatusWriter
-    from driver.prepare.claims import ClaimRef
-
-    monkeypatch.setattr(claimstatus, "DELAY", 0.3)
-    kube = _RecordingKube()
-    writer = StatusWriter(kube, DRIVER)
-    try:
+    writer, kube = recording_writer(0.3)
+    with writer.in_hand():
         with writer.in_hand():
-            with writer.in_hand():
-                writer.publish(ClaimRef("ml", "c1", "u-1"), [DeviceStatus("node-a", GPU, None, True, "Prepared")])
-            assert writer.wait_idle(5), "still waiting for the slow claim beside it"
-            assert len(kube.times) == 1
-    finally:
-        writer.close()
+            _ready(writer)
+        assert writer.wait_idle(5), "still waiting for the slow claim beside it"
+        assert len(kube.times) == 1
 
 
 def test_the_preparer_holds_each_claim_in_hand_while_it_publishes_its_state(tmp_path):
-    """The burst trigger needs the preparer to say which claims it has in hand: a state
-    published from a prepare is published while that claim is in hand."""
+    """The burst trigger needs the preparer to say which claims it has in hand: the Ready
+    state of a real prepare is published while that claim is in hand, and none is after."""
     import asyncio
 
-    from driver.prepare.claimstatus import StatusWriter
+    from driver.prepare import cdi
+    from driver.state.checkpoint import Checkpoint
     from driver.prepare.claims import ClaimRef
+    from driver.prepare.claimstatus import StatusWriter
     from driver.prepare.preparer import Preparer
+    from driver.state.instance import Instance
+    from driver.state.locks import ProcessLock
+    from tests.conftest import discover_profile
 
-    seen: list[int] = []
+    node, found = discover_profile("mixed", tmp_path / "m")
+    instance = Instance.register(tmp_path / "state", None)
+    in_hand: list[int] = []
 
     class Status(StatusWriter):
         def publish(self, ref, devices):
-            seen.append(self._in_hand)
+            in_hand.append(self._in_hand)
 
-    async def operation(ref, log):
-        preparer.status.publish(ref, [])
-        return "done"
+    class Reader:
+        async def read(self, ref):
+            return {"metadata": {"uid": ref.uid}, "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": "n", "device": GPU}]}}}}
 
-    preparer = Preparer.__new__(Preparer)
-    preparer.status = Status(_RecordingKube(), DRIVER)
-    import structlog
-    preparer.log = structlog.get_logger()
-    assert asyncio.run(preparer._guarded(ClaimRef("ml", "c1", "u-1"), operation, lambda error="": error)) == "done"
-    assert seen == [1] and preparer.status._in_hand == 0
+    status = Status(_RecordingKube(), DRIVER)
+    preparer = Preparer(driver=DRIVER, pool="n", inventory=lambda: found.inventory, claims=Reader(),
+                        cdi_writer=cdi.CdiWriter(tmp_path / "cdi", DRIVER, instance),
+                        checkpoint=Checkpoint(tmp_path / "state", instance), boot_id="b", dev_root=node.dev,
+                        process_lock=ProcessLock(tmp_path / "lock"), status=status)
+    try:
+        claim = ClaimRef("ml", "c1", "0a-1")
+        assert asyncio.run(preparer.prepare([claim]))[claim.uid].error == ""
+        assert in_hand == [1] and status._in_hand == 0
+    finally:
+        preparer.committer.close()
+        status.close()

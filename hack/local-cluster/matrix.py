@@ -75,10 +75,10 @@ def case_id(testcase: ET.Element) -> str:
 def parse_junit(path: Path) -> dict[str, Outcome]:
     cases: dict[str, Outcome] = {}
     for tc in ET.parse(path).getroot().iter("testcase"):
-        failed = tc.find("failure") if tc.find("failure") is not None else tc.find("error")
+        failed = next((e for e in (tc.find("failure"), tc.find("error")) if e is not None), None)
         skipped = tc.find("skipped")
         if failed is not None:
-            outcome = Outcome("failed", (failed.get("message") or "").splitlines()[0][:200] if failed.get("message") else "")
+            outcome = Outcome("failed", ((failed.get("message") or "").splitlines() or [""])[0][:200])
         elif skipped is not None:
             message = skipped.get("message") or ""
             message = message.split(": ", 1)[1] if message.startswith("Skipped: ") else message
@@ -86,9 +86,8 @@ def parse_junit(path: Path) -> dict[str, Outcome]:
         else:
             outcome = Outcome("passed")
         # a teardown error is reported as a second entry of the same case
-        if case_id(tc) in cases and cases[case_id(tc)].result == "failed":
-            continue
-        cases[case_id(tc)] = outcome
+        if (case := case_id(tc)) not in cases or cases[case].result != "failed":
+            cases[case] = outcome
     return cases
 
 

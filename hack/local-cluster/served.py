@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import Any, Callable
 
 GROUP = "resource.k8s.io"
 V1 = f"{GROUP}/v1"
@@ -61,6 +61,22 @@ def _devices_up(spec: dict) -> None:
             spec["devices"][i] = {**{k: v for k, v in device.items() if k != "basic"}, **device["basic"]}
 
 
+def _spec(obj: dict) -> dict:
+    return obj.get("spec") or {}
+
+
+def _template_spec(obj: dict) -> dict:
+    return _spec(obj).get("spec") or {}
+
+
+# kind -> the part of it that differs in v1beta1, and its conversion down from v1 and up
+_V1BETA1: dict[str, tuple[Callable[[dict], dict], Callable[[dict], None], Callable[[dict], None]]] = {
+    "ResourceClaim": (_spec, _requests_down, _requests_up),
+    "ResourceClaimTemplate": (_template_spec, _requests_down, _requests_up),
+    "ResourceSlice": (_spec, _devices_down, _devices_up),
+}
+
+
 def down(obj: Any, version: str) -> Any:
     """A v1 object (or list, or anything else, left as it is) in `version`."""
     if not isinstance(obj, dict) or version == "v1":
@@ -71,14 +87,9 @@ def down(obj: Any, version: str) -> Any:
         return obj
     obj = copy.deepcopy(obj)
     obj["apiVersion"] = f"{GROUP}/{version}"
-    if version == "v1beta1":
-        kind = obj.get("kind")
-        if kind == "ResourceClaim":
-            _requests_down(obj.get("spec") or {})
-        elif kind == "ResourceClaimTemplate":
-            _requests_down((obj.get("spec") or {}).get("spec") or {})
-        elif kind == "ResourceSlice":
-            _devices_down(obj.get("spec") or {})
+    if version == "v1beta1" and obj.get("kind") in _V1BETA1:
+        part, convert, _ = _V1BETA1[obj["kind"]]
+        convert(part(obj))
     return obj
 
 
@@ -99,14 +110,9 @@ def up(obj: Any) -> Any:
     old = version.split("/", 1)[1]
     obj = copy.deepcopy(obj)
     obj["apiVersion"] = V1
-    if old == "v1beta1":
-        kind = obj.get("kind")
-        if kind == "ResourceClaim":
-            _requests_up(obj.get("spec") or {})
-        elif kind == "ResourceClaimTemplate":
-            _requests_up((obj.get("spec") or {}).get("spec") or {})
-        elif kind == "ResourceSlice":
-            _devices_up(obj.get("spec") or {})
+    if old == "v1beta1" and obj.get("kind") in _V1BETA1:
+        part, _, convert = _V1BETA1[obj["kind"]]
+        convert(part(obj))
     return obj
 
 
