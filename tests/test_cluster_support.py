@@ -45,7 +45,8 @@ def dirs():
 
 
 def _run_until_published(api: ApiServer, dirs: DriverDirs, extra: list[str]) -> DriverProcess:
-    api.add_node("node-a")
+    if "node-a" not in api.state.nodes:
+        api.add_node("node-a")
     proc = DriverProcess(api, dirs, extra=extra).start()
     try:
         deadline = time.monotonic() + 60
@@ -77,6 +78,22 @@ def test_on_1_32_consumable_sharing_is_said_to_need_1_34_at_start_and_in_status(
     assert shown.stdout.splitlines()[1].startswith("DEVICE")
     rows = json.loads(_status(dirs, "-o", "json").stdout)
     assert rows and all(r["cluster_support"] == line["line"] for r in rows)
+
+
+def test_a_kubelet_older_than_the_control_plane_is_judged_by_its_own_release(dirs):
+    """Seamless upgrades are the kubelet's (1.33): the chart turns them on by the control
+    plane's release, but a 1.32 kubelet under a 1.34 control plane cannot keep two instances
+    apart. The driver reads its Node's kubeletVersion and says so."""
+    with ApiServer(server_version=(1, 34)) as api:
+        api.add_node("node-a", kubelet_version="v1.32.13")
+        proc = _run_until_published(api, dirs, ["--pod-uid", "6c1f8a2e-0d5b-4c1e-9a55-1f4e2b7c9d10"])
+    (line,) = _lines(proc, "cluster_support")
+    assert line["kubelet"] == "1.32" and line["kubernetes"] == "1.34"
+    (seamless,) = [u for u in line["unavailable"] if u.startswith("seamless upgrades")]
+    assert "needs kubelet 1.33" in seamless and "maxSurge 0" in seamless
+    assert line["line"].startswith("Kubernetes 1.34 (resource.k8s.io v1) with a 1.32 kubelet lacks ")
+    # the kubelet's other feature (health in the pod's status, 1.34) is judged by it too
+    assert any(u.startswith("device health in pod status") for u in line["unavailable"])
 
 
 def test_on_1_37_nothing_is_said(dirs):

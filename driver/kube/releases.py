@@ -9,6 +9,7 @@ per-release gates (hack/local-cluster/cluster.py RELEASE_GATES) follow the same 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -17,6 +18,13 @@ Release = tuple[int, int]  # (major, minor), as /version gives it
 
 def text(release: Release) -> str:
     return f"{release[0]}.{release[1]}"
+
+
+def parse(version: object) -> Release | None:
+    """A component's version as Kubernetes reports it ("v1.32.13", "v1.33.0-rc.1+k3s1") as a
+    release; None when it is not one."""
+    found = re.match(r"v?(\d+)\.(\d+)", str(version or ""))
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,11 @@ class Feature:
     runtime_config: str = ""  # the API to enable with the gate (DRA itself before 1.34)
     # The resource.k8s.io versions whose ResourceSlices carry it (empty: any).
     apis: tuple[str, ...] = ()
+
+    def judged_by(self, release: Release, kubelet: Release | None) -> Release:
+        """A node-side feature is the kubelet's to offer: its own release where it is known
+        (kubelets may be up to three minors older than the control plane)."""
+        return kubelet if self.component == "kubelet" and kubelet is not None else release
 
     def available(self, release: Release, resource_api: str | None = None) -> bool:
         return release >= self.needs and (not self.apis or resource_api is None or resource_api in self.apis)
@@ -97,8 +110,8 @@ POD_HEALTH = Feature(
 # The kubelet keeps two instances of a plugin apart from 1.33 (no gate).
 SEAMLESS_UPGRADE = Feature(
     "seamless upgrades with per-pod sockets", "--pod-uid", (1, 33), None, None,
-    "the kubelet can lose the driver when an old pod ends, so upgrade one instance at a "
-    "time, maxSurge 0", component="kubelet")
+    "the kubelet can lose the driver when an old pod ends: set the chart's "
+    "kubelet.seamlessUpgrade=false (one instance at a time, maxSurge 0)", component="kubelet")
 
 
 @dataclass(frozen=True)
@@ -109,29 +122,35 @@ class Support:
     resource_api: str | None
     missing: tuple[str, ...]  # unavailable there, each with what the driver does instead
     gated: tuple[str, ...]  # there, but behind a gate that is off by default there
+    kubelet: Release | None = None  # this node's kubelet, where it is known
 
     def line(self) -> str | None:
         """One line for people; None when everything used is on by default."""
         if not (self.missing or self.gated):
             return None
         api = f" (resource.k8s.io {self.resource_api})" if self.resource_api else ""
+        kubelet = (f" with a {text(self.kubelet)} kubelet"
+                   if self.kubelet is not None and self.kubelet != self.kubernetes else "")
         parts = [f"lacks {', '.join(self.missing)}"] if self.missing else []
         if self.gated:
             parts.append(f"gates off by default there: {', '.join(self.gated)}")
-        return f"Kubernetes {text(self.kubernetes)}{api} " + "; ".join(parts)
+        return f"Kubernetes {text(self.kubernetes)}{api}{kubelet} " + "; ".join(parts)
 
     def fields(self) -> dict:
         """For the structured log line and the state file."""
         return {"kubernetes": text(self.kubernetes), "resource_api": self.resource_api,
+                "kubelet": text(self.kubelet) if self.kubelet is not None else None,
                 "unavailable": list(self.missing), "gate_off_by_default": list(self.gated),
                 "line": self.line()}
 
 
-def support(release: Release, resource_api: str | None, used: Iterable[Feature]) -> Support:
-    used = tuple(used)
+def support(release: Release, resource_api: str | None, used: Iterable[Feature],
+            kubelet: Release | None = None) -> Support:
+    used = tuple((f, f.judged_by(release, kubelet)) for f in used)
     return Support(release, resource_api,
-                   tuple(f.missing(release, resource_api) for f in used if not f.available(release, resource_api)),
-                   tuple(f.gated() for f in used if f.off_by_default(release, resource_api)))
+                   tuple(f.missing(at, resource_api) for f, at in used if not f.available(at, resource_api)),
+                   tuple(f.gated() for f, at in used if f.off_by_default(at, resource_api)),
+                   kubelet)
 
 
 def dra_requirement() -> str:

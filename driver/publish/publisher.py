@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping, Sequence
 import structlog
 from driver.aio import wait_event
 from driver.devices.model import Inventory
+from driver.kube import releases
 from driver.kube.client import API_GROUP, ApiError, Kube, NotFound
 from driver.publish import slices
 from driver.publish.desired import DesiredSlices, node_owners
@@ -144,10 +145,12 @@ class Publisher:
     # published: slices written earlier would offer unhealthy devices without their taints,
     # and the taints added a moment later would cost a second write (issue 28.13).
     health_ready: Callable[[], bool] = lambda: True
-    # Told the server's release and the resource.k8s.io version once they are known (the
-    # start-up `cluster_support` line, driver/service/support.py); the release is asked only then.
-    negotiated: Callable[[tuple[int, int], str], None] | None = None
+    # Told the server's release, the resource.k8s.io version and this node's kubelet release
+    # (None: unknown) once they are known (the start-up `cluster_support` line,
+    # driver/service/support.py); the release is asked only then.
+    negotiated: Callable[[tuple[int, int], str, tuple[int, int] | None], None] | None = None
     server: tuple[int, int] | None = None
+    kubelet: tuple[int, int] | None = None  # from the Node's status.nodeInfo.kubeletVersion
 
     def __post_init__(self) -> None:
         self.log = structlog.get_logger(component="publisher", node=self.node)
@@ -188,7 +191,8 @@ class Publisher:
             self.api_version = version
             self.log.info("resource_api_version", version=self.api_version)
             if self.negotiated is not None and self.server is not None:
-                self.negotiated(self.server, version)
+                self._owner()  # the Node: its kubelet's release
+                self.negotiated(self.server, version, self.kubelet)
         return self.api_version
 
     def _layout(self, wanted: bool) -> str | None:
@@ -219,6 +223,8 @@ class Publisher:
         try:
             node = self._request("GET", f"/api/v1/nodes/{self.node}")
             self.node_uid = node["metadata"]["uid"]
+            self.kubelet = releases.parse(((node.get("status") or {}).get("nodeInfo") or {})
+                                          .get("kubeletVersion"))
         except ApiError as err:
             # Slices still work without the owner reference; garbage collection of a
             # deleted node's slices is what we lose, so keep trying on later passes.

@@ -205,7 +205,8 @@ def assemble(config: Config, kube: Kube | None, instance: Instance,
 
     publisher.counters_unsupported = static_mig
     # Once the server's release is known: what this configuration lacks or needs gated there.
-    publisher.negotiated = lambda server, api: support.report(config, instance.token, server, api)
+    publisher.negotiated = lambda server, api, kubelet: support.report(config, instance.token, server, api,
+                                                                       kubelet)
 
     def changed(new: DiscoveryResult) -> None:
         holder.result = new

@@ -39,10 +39,12 @@ def features_used(config: Config) -> tuple[releases.Feature, ...]:
     return tuple(used)
 
 
-def report(config: Config, owner: str, server: releases.Release, resource_api: str) -> releases.Support:
+def report(config: Config, owner: str, server: releases.Release, resource_api: str,
+           kubelet: releases.Release | None = None) -> releases.Support:
     """The start-up line (none when all used is on by default there), and the state file
-    (always: a file left by a run on an older cluster must not outlive the upgrade)."""
-    found = releases.support(server, resource_api, features_used(config))
+    (always: a file left by a run on an older cluster must not outlive the upgrade).
+    `kubelet`: this node's, from its Node (the kubelet's features are judged by it)."""
+    found = releases.support(server, resource_api, features_used(config), kubelet)
     log = structlog.get_logger(component="cluster-support")
     if found.line() is not None:
         # A gate off by default may have been turned on: only what the release lacks warns.

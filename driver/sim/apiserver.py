@@ -172,10 +172,14 @@ class ApiServer:
 
     # -- test helpers ----------------------------------------------------------------------
     def add_node(self, name: str, labels: dict[str, str] | None = None,
-                 allocatable: dict[str, str] | None = None) -> dict:
+                 allocatable: dict[str, str] | None = None, kubelet_version: str | None = None) -> dict:
+        """A Node as its kubelet registers it; the kubelet's version is the control plane's
+        unless given (a kubelet may be up to three minors older)."""
+        major, minor = self.state.server_version
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": dict(labels or {})},
-                "status": {"allocatable": dict(allocatable or {})}}
+                "status": {"allocatable": dict(allocatable or {}),
+                           "nodeInfo": {"kubeletVersion": kubelet_version or f"v{major}.{minor}.0"}}}
         with self.state.lock:
             self.state.nodes[name] = node
         return node
