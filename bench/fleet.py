@@ -115,14 +115,16 @@ def mock_inventory(shape: Shape, mig_profiles: frozenset[str] = frozenset()):
                                 s.owned_mig, s.away_netdevs, mig_profiles)).inventory
 
 
-def publisher_for(kube, shape: Shape, node: str, inventory):
+def publisher_for(kube, shape: Shape, node: str, inventory, api_version: str, server: tuple[int, int]):
     # A Publisher per node, each with its own retry state: nodes turned away by APF wait
-    # and resend as the driver does (Publisher._request), not as the bench would.
-    from driver.publish import slices
+    # and resend as the driver does (Publisher._request), not as the bench would. The
+    # resource.k8s.io version and the server's release are asked once for the fleet (each
+    # driver asks them once at its start, which the fleet's start-up would only add to);
+    # the counters' layout follows the release, as the driver's does.
     from driver.publish.publisher import Publisher
 
     return Publisher(kube=kube, driver=shape.driver, node=node, inventory=lambda: inventory,
-                     api_version="v1", sharing=shape.sharing, counters_layout=slices.SPLIT)
+                     api_version=api_version, sharing=shape.sharing, server=server)
 
 
 def device_classes(shape: Shape) -> list[dict]:
@@ -444,7 +446,9 @@ class Fleet:
                              sharing=shape.sharing, layout=slices.SPLIT)
         fig.slices_per_node = len(built)
         fig.bytes_per_node = len(json.dumps(built))
-        publishers = [publisher_for(self.node_kubes.get(n, self.kube), shape, n, inventory) for n in self.nodes]
+        version, server = self.kube.resource_version(), self.kube.server_version()
+        publishers = [publisher_for(self.node_kubes.get(n, self.kube), shape, n, inventory, version, server)
+                      for n in self.nodes]
         fig.credentials, fig.concurrency = self.credentials, self.concurrency
         samples0, etcd0 = self.apiserver(), self.etcd_size()
         before = self.slice_counts(samples0)
@@ -487,9 +491,10 @@ class Fleet:
                                 inventory.counter_sets)
         node = self.nodes[0]
         before = self.slice_counts(self.apiserver())
-        publisher_for(self.kube, shape, node, after).reconcile()
+        version, server = self.kube.resource_version(), self.kube.server_version()
+        publisher_for(self.kube, shape, node, after, version, server).reconcile()
         changed_counts = self.slice_counts(self.apiserver())
-        publisher_for(self.kube, shape, node, inventory).reconcile()
+        publisher_for(self.kube, shape, node, inventory, version, server).reconcile()
         fig.change_requests, fig.change_writes, fig.change_bytes = (
             a - b for a, b in zip(changed_counts[:3], before[:3]))
 

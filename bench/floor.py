@@ -49,7 +49,9 @@ class Floor:
         self.channel = grpc.insecure_channel(f"unix://{directory / 'echo.sock'}")
         self.stub = reg_grpc.RegistrationStub(self.channel)
         self.kube = Kube(api_client(api.kubeconfig(directory)))
-        self.claim_path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{new_claim(api).name}"
+        # the version the driver would use (v1beta1 on 1.32, v1beta2 on 1.33, else v1)
+        self.claim_path = (f"/apis/resource.k8s.io/{self.kube.resource_version()}/namespaces/default/"
+                           f"resourceclaims/{new_claim(api).name}")
         self.stub.GetInfo(reg_pb2.InfoRequest())
         self.kube.request("GET", self.claim_path)
         self.times: dict[str, list[float]] = {"grpc": [], "get": [], "write": [], "write_cached": [],
@@ -142,6 +144,7 @@ class BurstFloor:
     def __init__(self, kubeconfig: Path, clients: int = 64) -> None:
         self.kube = Kube(api_client(kubeconfig))
         self.client = self.kube.ensure_client("GET", "/")
+        self.version = self.kube.resource_version()  # as the driver's applies use it
         self.clients = clients
         self.loop = asyncio.new_event_loop()
         self._idle: list = []
@@ -167,7 +170,7 @@ class BurstFloor:
 
     async def _one(self, claim: BurstClaim, body: bytes, started: float) -> float:
         connection = await self._connection()
-        base = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        base = f"/apis/resource.k8s.io/{self.version}/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         status, answer = await self._request(connection, "GET", base)
         if status != 200:
             raise RuntimeError(f"GET {base}: {status} {answer[:200]!r}")
@@ -195,7 +198,7 @@ class BurstFloor:
     def burst(self, claims: list[BurstClaim], entries: list[dict]) -> tuple[float, list[float]]:
         """(seconds for all, each claim's seconds from the start until its apply was
         answered). `entries`: the claim's `status.devices` as the driver applies them."""
-        bodies = [json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        bodies = [json.dumps({"apiVersion": f"resource.k8s.io/{self.version}", "kind": "ResourceClaim",
                               "metadata": {"name": c.name, "namespace": c.namespace, "uid": c.uid},
                               "status": {"devices": entries}}).encode() for c in claims]
         return self.loop.run_until_complete(self._burst(claims, bodies))

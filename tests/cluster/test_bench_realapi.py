@@ -5,8 +5,6 @@ and every figure comes out. The full run is `python3 -m bench.realapi` (bench/RE
 
 from __future__ import annotations
 
-import pytest
-
 import json
 
 from bench.realapi import NAMESPACE, RealApi, measure, real_claim
@@ -14,7 +12,6 @@ from tests.cluster.driverhost import NAMESPACE as DRIVER_NAMESPACE
 from tests.cluster.driverhost import install, service_account, token
 
 
-@pytest.mark.release(34, "a benchmark of this driver on the current API: it speaks resource.k8s.io/v1 only")
 def test_the_real_api_bench_prepares_claims_read_from_the_real_server(cluster, tmp_path):
     import local_cluster
 
@@ -37,7 +34,6 @@ def test_the_real_api_bench_prepares_claims_read_from_the_real_server(cluster, t
         cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-", check=False)
 
 
-@pytest.mark.release(34, "a benchmark of this driver on the current API: it speaks resource.k8s.io/v1 only")
 def test_the_burst_measures_the_driver_and_its_api_floor_on_the_real_server(cluster, tmp_path):
     """bench.burst (issue 42 item 5), one small round of each: the driver's status applies
     are accepted by the real server (the bench's claims were no node's, and a node-bound

@@ -46,7 +46,6 @@ def _slices(cluster, driver: str) -> list[dict]:
     return body["items"]
 
 
-@pytest.mark.release(34, "the fleet benchmark (bench/fleet.py), which speaks resource.k8s.io/v1 only")
 def test_fake_nodes_get_our_slices_and_pods_placed_by_the_real_scheduler(cluster, fake_nodes):
     from driver.publish import slices
 
