@@ -57,10 +57,13 @@ def taint_keys(cluster, device: str) -> dict[str, str]:
 
 @pytest.mark.release(33, "device taints (DRADeviceTaints)")
 def test_link_down_shows_in_the_pod_status_and_as_a_slice_taint(cluster, driver):
-    # Device health in the pod's status from 1.35: the kubelet before it looks a pod's claim
-    # up by the name the pod gives it, so a claim named otherwise (or made from a template)
-    # shows none (kubernetes#134482, fixed by #134875). The taint is there from 1.33.
-    in_pod_status = release_minor() >= 35
+    # Device health in the pod's status for a claim the pod names (`resourceClaimName`, under
+    # an entry of another name) from 1.36: the 1.34 kubelet matches the claim's own name
+    # against the pod's entry names (kubernetes#134482), 1.35's finds a claim only through
+    # the pod's status.resourceClaimStatuses, which lists claims made from templates alone;
+    # 1.36 also resolves it from the pod's spec (seen in the matrix, read in each release's
+    # pkg/kubelet/cm/dra/manager.go UpdateAllocatedResourcesStatus). The taint: from 1.33.
+    in_pod_status = release_minor() >= 36
     operstate = cluster.kubelet_dir / "plugins" / DRIVER / "mock" / "sys" / "class" / "net" / IFNAME / "operstate"
     assert operstate.read_text().strip() == "up"
     ns = namespace(cluster, "health")

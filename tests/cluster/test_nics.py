@@ -112,9 +112,9 @@ def test_nic_moves_into_the_pod_survives_a_driver_restart_and_comes_back(
         passes(drv, 3)
         assert slice_device(cluster, result["device"]) == device
         assert slice_writes(cluster, since) == [], drv.log()[-3000:]
-        # device health in the pod's status: from 1.35 for a claim made from a template
-        # (kubernetes#134482: the 1.34 kubelet looks it up by the pod's name for it)
-        if release_minor() >= 35:
+        # device health in the pod's status, for a claim the pod names (resourceClaimName):
+        # from 1.36 (tests/cluster/test_health.py says why)
+        if release_minor() >= 36:
             health = wait("the VF Healthy in the pod's status", lambda: (
                 h := health_of(get(cluster, ns, "pod", "trainer"))) and h, 60)
             assert set(health.values()) == {"Healthy"}, health
@@ -130,7 +130,7 @@ def test_nic_moves_into_the_pod_survives_a_driver_restart_and_comes_back(
                     if e["device"] == result["device"]]
         assert "NetworkReady" in conditions(after), after
         assert after["networkData"] == entry["networkData"], after
-        if release_minor() >= 35:
+        if release_minor() >= 36:
             assert set(health_of(get(cluster, ns, "pod", "trainer")).values()) == {"Healthy"}
 
         cluster.kubectl("delete", "pod", "-n", ns, "trainer", "--wait=true", "--timeout=60s")
