@@ -8,6 +8,10 @@ marked `@pytest.mark.release(minimum, why)` on a release older than that).
     hack/local-cluster/matrix                      every release in versions.env MATRIX_RELEASES
     hack/local-cluster/matrix --releases 1.32,1.37 two of them (newest patch of each)
     hack/local-cluster/matrix --markdown out.md -- -k slices    extra pytest arguments after --
+    hack/local-cluster/matrix --releases 1.35 --rerun-failed   only the last run's failed cases
+
+A rerun's outcomes replace those cases' in the table, marked "(rerun)"; the rest of the
+release's run stands.
 
 Results (JUnit XML per release and the table) go under --out (default
 /var/lib/dra-local-cluster-matrix, outside the checkout); `--table-only` prints the table
@@ -36,6 +40,7 @@ NOT_APPLICABLE = "not applicable"  # how tests/cluster/conftest.py starts such a
 class Outcome:
     result: str  # passed, failed, n/a, skipped
     reason: str = ""
+    rerun: bool = False  # from a --rerun-failed run, not the release's whole run
 
 
 @dataclass
@@ -91,7 +96,27 @@ def parse_junit(path: Path) -> dict[str, Outcome]:
     return cases
 
 
-def run_release(version: str, out: Path, pytest_args: list[str]) -> ReleaseRun:
+def rerun_files(out: Path, version: str) -> list[Path]:
+    """The release's --rerun-failed results, oldest first."""
+    return sorted(out.glob(f"{version}.rerun-*.xml"), key=lambda p: int(p.name.rsplit("-", 1)[1].split(".")[0]))
+
+
+def outcomes(out: Path, version: str) -> dict[str, Outcome]:
+    """The release's last whole run, with each later rerun's outcomes over it."""
+    junit = out / f"{version}.xml"
+    cases = parse_junit(junit) if junit.exists() else {}
+    for rerun in rerun_files(out, version):
+        cases.update({case: Outcome(o.result, o.reason, rerun=True) for case, o in parse_junit(rerun).items()})
+    return cases
+
+
+def node_id(case: str) -> str:
+    """test_x::test_y[p] (a table row) -> tests/cluster/test_x.py::test_y[p] (pytest's)."""
+    module, _, name = case.partition("::")
+    return f"tests/cluster/{module.replace('.', '/')}.py::{name}"
+
+
+def run_release(version: str, out: Path, pytest_args: list[str], rerun: bool = False) -> ReleaseRun:
     run = ReleaseRun(version)
     env = dict(os.environ, KUBERNETES_VERSION=version, CI="true")
     t0 = time.monotonic()
@@ -100,18 +125,27 @@ def run_release(version: str, out: Path, pytest_args: list[str]) -> ReleaseRun:
     if build.returncode:
         run.error = f"build.sh k8s failed ({build.returncode}): " + (build.stderr.strip().splitlines() or [""])[-1]
         return run
-    junit = out / f"{version}.xml"
-    junit.unlink(missing_ok=True)
+    targets = ["tests/cluster"]
+    if rerun:
+        targets = [node_id(c) for c, o in outcomes(out, version).items() if o.result == "failed"]
+        if not targets:
+            run.cases = outcomes(out, version)
+            return run
+        junit = out / f"{version}.rerun-{len(rerun_files(out, version)) + 1}.xml"
+    else:
+        junit = out / f"{version}.xml"
+        for stale in [junit, *rerun_files(out, version)]:  # a whole run starts the release afresh
+            stale.unlink(missing_ok=True)
     t0 = time.monotonic()
-    with open(out / f"{version}.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cluster",
+    with open(out / f"{junit.stem}.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets,
                         f"--junitxml={junit}", *pytest_args], cwd=REPO, env=env, stdout=log,
                        stderr=subprocess.STDOUT)
     run.seconds = time.monotonic() - t0
     if not junit.exists():
-        run.error = f"the tier did not run (see {out / f'{version}.log'})"
+        run.error = f"the tier did not run (see {out / f'{junit.stem}.log'})"
         return run
-    run.cases = parse_junit(junit)
+    run.cases = outcomes(out, version)
     return run
 
 
@@ -130,7 +164,7 @@ def table(runs: list[ReleaseRun], markdown: bool) -> str:
             if o is None:
                 cells.append("—" if not r.error else "not run")
                 continue
-            cell = MARK[o.result]
+            cell = MARK[o.result] + (" (rerun)" if o.rerun else "")
             if o.result in ("n/a", "skipped", "failed") and o.reason:
                 n = reasons.setdefault(o.reason, len(reasons) + 1)
                 cell += f" [{n}]"
@@ -174,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("/var/lib/dra-local-cluster-matrix"))
     p.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     p.add_argument("--table-only", action="store_true", help="the table of the last run in --out, nothing run")
+    p.add_argument("--rerun-failed", action="store_true",
+                   help="run only the cases that failed in each release's last run; their outcomes replace those")
     args = p.parse_args(argv)
     releases = pick(matrix_releases(), args.releases)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -186,20 +222,28 @@ def main(argv: list[str] | None = None) -> int:
             if r is None:
                 continue
             run = ReleaseRun(version, r["seconds"], r["build_seconds"], r["error"])
-            junit = args.out / f"{version}.xml"
-            run.cases = parse_junit(junit) if junit.exists() and not run.error else {}
+            run.cases = outcomes(args.out, version) if not run.error else {}
             runs.append(run)
     else:
         saved = json.loads(summary.read_text()) if summary.exists() else {}
         started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         for version in releases:
-            print(f"matrix: {version}: building and running the tier ...", flush=True)
-            run = run_release(version, args.out, extra)
+            print(f"matrix: {version}: building and running the "
+                  f"{'failed cases' if args.rerun_failed else 'tier'} ...", flush=True)
+            run = run_release(version, args.out, extra, rerun=args.rerun_failed)
+            took = run.seconds
+            if args.rerun_failed and version in saved:
+                # the table keeps the whole run's time; the reruns are noted beside it
+                previous = saved[version]
+                previous.setdefault("reruns", []).append({"seconds": run.seconds, "started": started,
+                                                          "error": run.error})
+                run.seconds, run.error = previous["seconds"], run.error or previous["error"]
+            else:
+                saved[version] = {"seconds": run.seconds, "build_seconds": run.build_seconds,
+                                  "error": run.error, "started": started, "pytest_args": extra}
             runs.append(run)
-            saved[version] = {"seconds": run.seconds, "build_seconds": run.build_seconds,
-                              "error": run.error, "started": started, "pytest_args": extra}
             summary.write_text(json.dumps(saved, indent=1))
-            print(f"matrix: {version}: {totals(run)} (passed / failed / n/a) in {run.seconds / 60:.1f} min"
+            print(f"matrix: {version}: {totals(run)} (passed / failed / n/a) in {took / 60:.1f} min"
                   f"{', ' + run.error if run.error else ''}", flush=True)
     print(table(runs, markdown=False))
     if args.markdown:
