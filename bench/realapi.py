@@ -43,6 +43,7 @@ from bench.floor import Floor
 from bench.harness import DRIVER, GPU, Driver, file_system, new_claim, settle, wait
 from bench.table import Table, pct
 from driver import logs
+from driver.kube import releases
 from driver.sim.apiserver import ApiServer
 from driver.sim.kubelet import Claim, FakeKubelet
 
@@ -137,6 +138,15 @@ class RealApi:
         if code != 200:
             raise RuntimeError(f"allocate claim {NAMESPACE}/{body['metadata']['name']}: {code} {updated}")
         return created["metadata"]["uid"]
+
+
+def admin_namespace(cluster, admin: bool) -> None:
+    """Label NAMESPACE for admin access (or take the label away) with the key the cluster's
+    release checks: real_claim's claims ask for admin access."""
+    label = releases.admin_access_label(releases.parse(cluster.vers["KUBERNETES_VERSION"]))
+    if label is not None:
+        cluster.kubectl("label", "namespace", NAMESPACE, f"{label}=true" if admin else f"{label}-",
+                        "--overwrite", check=admin)
 
 
 def real_claim(api: RealApi, device: str = GPU) -> Claim:
@@ -278,7 +288,7 @@ def main() -> int:
                                         "mock": {"enabled": True}})
             # admin access (claims side by side on one GPU, as bench.harness.new_claim's)
             # needs the namespace's label
-            cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true")
+            admin_namespace(cluster, True)
             real = RealApi(cluster, token(cluster, service_account(objects), lc.NODE), lc.NODE)
             make = lambda: real_claim(real)  # noqa: E731
             servers = {name: int((cluster.root / "pids" / name).read_text())

@@ -18,6 +18,7 @@ import yaml
 from driver import cli
 from driver.demo import _inventory_from_slices
 from driver.devices.mock import builtin_profiles
+from driver.kube import releases
 from driver.explain import engine, sources
 from driver.explain import world as w
 from driver.kube import quantity
@@ -300,11 +301,32 @@ def test_admin_access_needs_the_namespace_label(published):
     result = explain(objects + [namespace], spec, namespace="ops")
     assert not result.fits
     assert {v.code for d, v in verdicts(result).items() if d.startswith("gpu-")} == {engine.ADMIN}
-    namespace["metadata"]["labels"][w.ADMIN_ACCESS_LABEL] = "true"
+    namespace["metadata"]["labels"][releases.ADMIN_ACCESS_LABEL] = "true"
     gpus = [v.device for v in verdicts(result).values() if v.device.startswith("gpu-")]
     busy = holder("training", [{"request": "g", "driver": DRIVER, "pool": NODE, "device": d} for d in gpus])
     # Admin access ignores the other claims' allocations.
     assert explain(objects + [namespace, busy], spec, namespace="ops").fits
+
+
+@pytest.mark.parametrize("release,label", [
+    ((1, 32), None),  # no label asked for
+    ((1, 33), "resource.k8s.io/admin-access"),  # met by the matrix: 422 on 1.33 for the new key
+    ((1, 34), "resource.kubernetes.io/admin-access"),
+    ((1, 37), "resource.kubernetes.io/admin-access"),
+])
+def test_the_admin_access_label_is_the_one_the_clusters_release_checks(published, release, label):
+    objects = published("l4")
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}",
+                                                                  "adminAccess": True}}]}}
+    for key in ("resource.k8s.io/admin-access", "resource.kubernetes.io/admin-access"):
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops", "labels": {key: "true"}}}
+        world = w.build(objects + [namespace])
+        world.release = release
+        result = engine.explain("ops/c", spec, world, "ops")
+        assert result.fits == (label in (None, key)), (release, key, verdicts(result))
+        if not result.fits:
+            assert {v.reason for d, v in verdicts(result).items() if d.startswith("gpu-")} == {
+                f'adminAccess needs namespace ops labelled {label}="true"'}
 
 
 def test_a_typo_in_an_attribute_name_is_a_cel_error_with_a_suggestion(published):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from driver.kube import quantity as quantities
+from driver.kube import releases
 from driver.explain import suggest
 from driver.explain import world as w
 from driver.explain.verdicts import (ADMIN, ALLOCATED, CAPACITY, CAPACITY_ERROR, CEL_ERROR, CLASS, COUNTERS, FITS,
@@ -161,11 +162,11 @@ def judge(alt: Alternative, device: w.PoolDevice, world: w.World, ledger: _Ledge
             where = f"class {alt.device_class} selector #{index}" if owner else f"selector #{index}"
             return verdict(CEL_ERROR, f"{where}: CEL runtime error: {err.message}", expression=expression,
                            seen=_seen(expression, device))
-    if alt.admin and world.namespaces is not None:
+    if (alt.admin and world.namespaces is not None
+            and (label := releases.admin_access_label(world.release)) is not None):
         labels = world.namespaces.get(namespace)
-        if labels is None or labels.get(w.ADMIN_ACCESS_LABEL) != "true":
-            return verdict(ADMIN, f"adminAccess needs namespace {namespace} labelled "
-                                  f"{w.ADMIN_ACCESS_LABEL}=\"true\"")
+        if labels is None or labels.get(label) != "true":
+            return verdict(ADMIN, f"adminAccess needs namespace {namespace} labelled {label}=\"true\"")
     taint = taints.blocking(device.taints, alt.tolerations)
     if taint is not None:
         return verdict(TAINT, f"taint {taints.text(taint)} is not tolerated")

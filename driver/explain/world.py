@@ -14,7 +14,6 @@ from typing import Any, Iterable
 
 from driver.kube import quantity as quantities
 from driver.scheduling import cel
-ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 
 
 class WorldError(ValueError):
@@ -217,7 +216,8 @@ class World:
         if node not in self._views:
             view = World(classes=self.classes, claims=self.claims, namespaces=self.namespaces,
                          allocatable=self.allocatable, labels=self.labels, node_taints=self.node_taints,
-                         slice_objects=self.slice_objects, rule_objects=self.rule_objects)
+                         slice_objects=self.slice_objects, rule_objects=self.rule_objects,
+                         release=self.release)
             if self._index is None:
                 self._index = SliceIndex.of(self.slice_objects)
             _add_slices(view, self.slice_objects, node, self._index)

@@ -153,6 +153,21 @@ def support(release: Release, resource_api: str | None, used: Iterable[Feature],
                    kubelet)
 
 
+# The namespace label a claim with adminAccess needs (KEP-5018), checked by the API server
+# when the claim is made: none in 1.32, `resource.k8s.io/admin-access` in 1.33, renamed
+# from 1.34 (each release's pkg/apis/resource DRAAdminNamespaceLabelKey; the matrix met the
+# 1.33 name as a 422 on claim creation).
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def admin_access_label(release: Release | None) -> str | None:
+    """The label's key on `release` (None: the release is unknown, the current key); None
+    where no label is needed."""
+    if release is None or release >= (1, 34):
+        return ADMIN_ACCESS_LABEL
+    return "resource.k8s.io/admin-access" if release >= (1, 33) else None
+
+
 def dra_requirement() -> str:
     """What a cluster must have for DRA at all (explain's message for one without it)."""
     return (f"Dynamic Resource Allocation needs Kubernetes {text(DRA.needs)} or newer, with gate "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from bench.realapi import NAMESPACE, RealApi, measure, real_claim
+from bench.realapi import NAMESPACE, RealApi, admin_namespace, measure, real_claim
 from tests.cluster.driverhost import NAMESPACE as DRIVER_NAMESPACE
 from tests.cluster.driverhost import install, service_account, token
 
@@ -17,7 +17,7 @@ def test_the_real_api_bench_prepares_claims_read_from_the_real_server(cluster, t
 
     objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
                                 "mock": {"enabled": True}})
-    cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true", "--overwrite")
+    admin_namespace(cluster, True)
     try:
         real = RealApi(cluster, token(cluster, service_account(objects), local_cluster.NODE), local_cluster.NODE)
         claim = real_claim(real)
@@ -31,7 +31,7 @@ def test_the_real_api_bench_prepares_claims_read_from_the_real_server(cluster, t
         assert figures.floor > 0 and figures.batch > 0 and figures.concurrent > 0, figures
     finally:
         cluster.kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=false", check=False)
-        cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-", check=False)
+        admin_namespace(cluster, False)
 
 
 def test_the_burst_measures_the_driver_and_its_api_floor_on_the_real_server(cluster, tmp_path):
@@ -46,7 +46,7 @@ def test_the_burst_measures_the_driver_and_its_api_floor_on_the_real_server(clus
 
     objects = install(cluster, {"deviceClasses": {"apiVersion": "resource.k8s.io/v1"},
                                 "mock": {"enabled": True}})
-    cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access=true", "--overwrite")
+    admin_namespace(cluster, True)
     try:
         real = RealApi(cluster, token(cluster, service_account(objects), local_cluster.NODE), local_cluster.NODE)
         servers = {"kube-apiserver": int((cluster.root / "pids" / "kube-apiserver").read_text())}
@@ -69,4 +69,4 @@ def test_the_burst_measures_the_driver_and_its_api_floor_on_the_real_server(clus
         assert figures.cpu["driver"][0] > 0
     finally:
         cluster.kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=false", check=False)
-        cluster.kubectl("label", "namespace", NAMESPACE, "resource.kubernetes.io/admin-access-", check=False)
+        admin_namespace(cluster, False)
