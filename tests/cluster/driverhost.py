@@ -164,5 +164,6 @@ def explain(cluster, *args: str) -> tuple[int, dict]:
     p = subprocess.run([sys.executable, "-m", "driver", "explain", *args, "--kubeconfig",
                         str(cluster.admin_kubeconfig), "-o", "json"], capture_output=True, text=True,
                        cwd=REPO, timeout=120)
-    assert p.returncode in (0, 1), f"explain {args}: {p.returncode}\n{p.stderr}"
+    # exit 1 is "fits nowhere", but also an uncaught exception's: no output says which
+    assert p.returncode in (0, 1) and p.stdout.strip(), f"explain {args}: {p.returncode}\n{p.stderr}"
     return p.returncode, json.loads(p.stdout)
