@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
     else:
         saved = json.loads(summary.read_text()) if summary.exists() else {}
-        started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         for version in releases:
+            started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             print(f"matrix: {version}: building and running the "
                   f"{'failed cases' if args.rerun_failed else 'tier'} ...", flush=True)
             run = run_release(version, args.out, extra, rerun=args.rerun_failed)
