@@ -93,10 +93,11 @@ class MockNetwork:
         is not there twice."""
         mac = mac or mock_mac(ifname)
         with netlink(self.path) as ipr:
-            if not ipr.link_lookup(ifname=ifname) and ipr.link_lookup(ifname=_peer_name(ifname)):
+            here = ipr.link_lookup(ifname=ifname)
+            if not here and ipr.link_lookup(ifname=_peer_name(ifname)):
                 log.warning("mock_nic_in_another_namespace", interface=ifname,
                             reason="its veth peer is here: it is in a namespace no record names")
-            elif not ipr.link_lookup(ifname=ifname):
+            elif not here:
                 try:
                     ipr.link("add", ifname=ifname, kind="dummy", address=mac)
                 except NetlinkError:

@@ -127,9 +127,10 @@ def run_release(version: str, out: Path, pytest_args: list[str], rerun: bool = F
         return run
     targets = ["tests/cluster"]
     if rerun:
-        targets = [node_id(c) for c, o in outcomes(out, version).items() if o.result == "failed"]
+        known = outcomes(out, version)
+        targets = [node_id(c) for c, o in known.items() if o.result == "failed"]
         if not targets:
-            run.cases = outcomes(out, version)
+            run.cases = known
             return run
         junit = out / f"{version}.rerun-{len(rerun_files(out, version)) + 1}.xml"
     else:
